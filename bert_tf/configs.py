@@ -1,0 +1,253 @@
+"""`BertConfig`: the model hyper-parameters, read from and written to `bert_config.json`.
+
+The file format is the original's (REFERENCE.md §1): the same keys, JSON with
+indent 2 and sorted keys. Released configs carry a few extra, unused keys
+(`directionality`, `pooler_*`); they are accepted and ignored.
+
+Casing (`do_lower_case`) is not part of the original config. We store it next to
+our own checkpoints (`bert_tf_info.json`, see `write_run_info`) and, for original
+checkpoints, keep the original's folder-name guess (`check_casing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Mapping, Optional
+
+# Activations the original `modeling.get_activation` knows. "gelu" is the tanh
+# approximation in the original (REFERENCE.md §3).
+KNOWN_ACTIVATIONS = ("gelu", "relu", "tanh", "linear")
+
+# Keys released configs carry that the model never reads (REFERENCE.md §1).
+IGNORED_KEYS = frozenset(
+    {
+        "directionality",
+        "pooler_fc_size",
+        "pooler_num_attention_heads",
+        "pooler_num_fc_layers",
+        "pooler_size_per_head",
+        "pooler_type",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """A `bert_config.json` that cannot describe a BERT model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a BERT encoder, as in the original `bert_config.json`."""
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    # The original code default is 16; every released config says 2.
+    type_vocab_size: int = 16
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self, source: str = "BertConfig") -> None:
+        int_fields = (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        )
+        for name in int_fields:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{source}: {name} must be an integer, got {value!r}")
+            if value <= 0:
+                raise ConfigError(f"{source}: {name} must be positive, got {value}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{source}: {name} must be a number, got {value!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)}")
+        if self.initializer_range <= 0:
+            raise ConfigError(f"{source}: initializer_range must be positive, got {self.initializer_range}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"{source}: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in KNOWN_ACTIVATIONS:
+            raise ConfigError(
+                f"{source}: unknown hidden_act {self.hidden_act!r}; expected one of {', '.join(KNOWN_ACTIVATIONS)}"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    # --------------------------------------------------------------- builders
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "BertConfig":
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known - IGNORED_KEYS)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}")
+        if "vocab_size" not in values:
+            raise ConfigError(f"{source}: missing required field vocab_size")
+        kwargs = {k: v for k, v in values.items() if k in known}
+        # JSON has one number type; accept 2.0 for an int field only when exact.
+        for f in dataclasses.fields(cls):
+            v = kwargs.get(f.name)
+            if f.type == "int" and isinstance(v, float) and v.is_integer():
+                kwargs[f.name] = int(v)
+        obj = cls.__new__(cls)
+        for f in dataclasses.fields(cls):
+            object.__setattr__(obj, f.name, kwargs.get(f.name, f.default))
+        obj.validate(source)
+        return obj
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        import tensorflow as tf  # gs:// paths
+
+        if not tf.io.gfile.exists(path):
+            raise ConfigError(f"{path}: bert config file not found")
+        with tf.io.gfile.GFile(path, "r") as f:
+            text = f.read()
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(values, source=path)
+
+    @classmethod
+    def named(cls, name: str, vocab_size: int = 30522, **overrides) -> "BertConfig":
+        """A released size by name: tiny, mini, small, medium, base, large."""
+        if name not in RELEASED_SIZES:
+            raise ConfigError(f"unknown model size {name!r}; expected one of {', '.join(RELEASED_SIZES)}")
+        layers, hidden = RELEASED_SIZES[name]
+        values = dict(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden,
+            type_vocab_size=2,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    # ---------------------------------------------------------------- writers
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json_string(self) -> str:
+        # The original: json.dumps(..., indent=2, sort_keys=True) + "\n".
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, path: str) -> None:
+        write_text_atomic(path, self.to_json_string())
+
+    def replace(self, **changes) -> "BertConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Released sizes (REFERENCE.md §1): name -> (layers, hidden); heads = H/64, intermediate = 4H.
+RELEASED_SIZES = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary name, so a crash never leaves half a file."""
+    import tensorflow as tf
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+# ------------------------------------------------------------------ casing
+RUN_INFO_FILE = "bert_tf_info.json"
+
+_UNCASED_PREFIXES = ("uncased_L-24_H-1024_A-16", "uncased_L-12_H-768_A-12", "multilingual_L-12_H-768_A-12", "chinese_L-12_H-768_A-12")
+_CASED_PREFIXES = ("cased_L-12_H-768_A-12", "cased_L-24_H-1024_A-16", "multi_cased_L-12_H-768_A-12")
+
+
+class CasingMismatchError(ValueError):
+    """`do_lower_case` disagrees with how the checkpoint was trained."""
+
+
+def write_run_info(model_dir: str, *, do_lower_case: bool, **extra) -> None:
+    """Stores facts the original left to folder names (casing, objective, ...) beside a checkpoint."""
+    info = {"do_lower_case": bool(do_lower_case), **extra}
+    write_text_atomic(os.path.join(model_dir, RUN_INFO_FILE), json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+def read_run_info(model_dir: str) -> dict:
+    import tensorflow as tf
+
+    path = os.path.join(model_dir, RUN_INFO_FILE)
+    if not tf.io.gfile.exists(path):
+        return {}
+    with tf.io.gfile.GFile(path, "r") as f:
+        return json.load(f)
+
+
+def expected_casing(init_checkpoint: str) -> Optional[bool]:
+    """The casing a checkpoint was trained with, or None when nothing says.
+
+    Our own checkpoints record it in `bert_tf_info.json`; for original ones the
+    original's rule applies: a released model's folder name tells.
+    """
+    if not init_checkpoint:
+        return None
+    folder = os.path.dirname(init_checkpoint) if not os.path.isdir(init_checkpoint) else init_checkpoint
+    info = read_run_info(folder)
+    if "do_lower_case" in info:
+        return bool(info["do_lower_case"])
+    m = re.match(r"^.*?([A-Za-z0-9_-]+)/bert_model.ckpt", init_checkpoint)
+    if not m:
+        return None
+    name = m.group(1)
+    if name in _UNCASED_PREFIXES:
+        return True
+    if name in _CASED_PREFIXES:
+        return False
+    return None
+
+
+def check_casing(do_lower_case: bool, init_checkpoint: str, allow_mismatch: bool = False) -> Optional[str]:
+    """Raises (or, with `allow_mismatch`, returns a warning) when casing disagrees with the checkpoint."""
+    expected = expected_casing(init_checkpoint)
+    if expected is None or expected == bool(do_lower_case):
+        return None
+    msg = (
+        f"do_lower_case={bool(do_lower_case)} but {init_checkpoint} was trained with "
+        f"do_lower_case={expected}; pass --do_lower_case={expected}"
+        + ("" if allow_mismatch else " (or --allow_casing_mismatch to go on anyway)")
+    )
+    if allow_mismatch:
+        return msg
+    raise CasingMismatchError(msg)

@@ -1,0 +1,35 @@
+"""Installs the `bert_tf` library; the user-facing scripts stay at the repository root."""
+
+from setuptools import find_packages, setup
+
+TEST = [
+    "pytest>=8",
+    "pytest-xdist>=3.5",
+    "ruff==0.8.6",
+    "tokenizers>=0.20",  # the Rust WordPiece peer in benchmarks and a parity oracle
+    "safetensors>=0.4",
+    "tf-models-official==2.20.0",  # independent oracle for the encoder and the data tool
+]
+
+setup(
+    name="bert_tf",
+    version="0.1.0",
+    description="The BERT workflow (vocab, pretraining data, pretraining, fine-tuning, export) in TensorFlow 2 / Keras 3",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["bert_tf", "bert_tf.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        "tensorflow==2.20.*",
+        "tensorflow-text==2.20.*",
+        "keras>=3.10,<4",
+        "absl-py>=1.0",
+        "numpy",
+        "safetensors>=0.4",  # Hugging Face BERT weights
+    ],
+    extras_require={
+        "test": TEST,
+        "tfm": ["tf-models-official==2.20.0"],
+    },
+    license="Apache-2.0",
+)
