@@ -1,0 +1,15 @@
+"""Keras 3 building blocks of the BERT encoder (REFERENCE.md §3)."""
+
+from bert_tf.layers.activations import gelu, get_activation
+from bert_tf.layers.attention import SelfAttention, attention_bias_from_mask
+from bert_tf.layers.embeddings import BertEmbeddings
+from bert_tf.layers.transformer import TransformerBlock
+
+__all__ = [
+    "BertEmbeddings",
+    "SelfAttention",
+    "TransformerBlock",
+    "attention_bias_from_mask",
+    "gelu",
+    "get_activation",
+]

@@ -1,0 +1,95 @@
+"""Multi-head self-attention as in the original (REFERENCE.md §3).
+
+Dimensions: B batch, F "from" positions, T "to" positions (F = T = S for
+self-attention), N heads, D head size (H / N), H hidden size.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Added to the scores of masked positions before the softmax (the original's value).
+MASKED_SCORE_BIAS = -10000.0
+
+
+def attention_bias_from_mask(input_mask):
+    """input_mask: int [B, T] (1 = real token) -> float32 additive bias [B, 1, 1, T]."""
+    mask = ops.cast(input_mask, "float32")
+    return ((1.0 - mask) * MASKED_SCORE_BIAS)[:, None, None, :]
+
+
+class SelfAttention(keras.layers.Layer):
+    """Separate Q/K/V dense layers with bias, scaled dot product, output dense.
+
+    The softmax runs in float32 under mixed precision: scores are cast up, the
+    mask bias added, normalised, and the probabilities cast back down.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout_rate: float,
+        initializer_range: float,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.head_size = hidden_size // num_heads
+        self.dropout_rate = dropout_rate
+        self.initializer_range = initializer_range
+
+        def dense(name):
+            return keras.layers.Dense(
+                hidden_size,
+                kernel_initializer=keras.initializers.TruncatedNormal(stddev=initializer_range),
+                bias_initializer="zeros",
+                name=name,
+                dtype=self.dtype_policy,
+            )
+
+        self.query = dense("query")
+        self.key = dense("key")
+        self.value = dense("value")
+        self.output_dense = dense("output_dense")
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        for layer in (self.query, self.key, self.value, self.output_dense):
+            layer.build((None, None, self.hidden_size))
+
+    def _split_heads(self, x, batch, seq):
+        # [B, S, H] -> [B, S, N, D]
+        return ops.reshape(x, (batch, seq, self.num_heads, self.head_size))
+
+    def call(self, x, input_mask, training=False):
+        """x: [B, S, H]; input_mask: int [B, S] (1 = real token) -> [B, S, H] (before the residual).
+
+        The mask, not a float bias, is passed in: Keras would cast a float
+        argument to bfloat16 under a mixed policy.
+        """
+        batch, seq = ops.shape(x)[0], ops.shape(x)[1]
+        q = self._split_heads(self.query(x), batch, seq)  # [B, F, N, D]
+        k = self._split_heads(self.key(x), batch, seq)  # [B, T, N, D]
+        v = self._split_heads(self.value(x), batch, seq)  # [B, T, N, D]
+        scores = ops.einsum("bfnd,btnd->bnft", q, k)  # [B, N, F, T]
+        scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size))
+        probs = ops.softmax(scores + attention_bias_from_mask(input_mask), axis=-1)  # [B, N, F, T], float32
+        probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
+        context = ops.einsum("bnft,btnd->bfnd", probs, v)  # [B, F, N, D]
+        context = ops.reshape(context, (batch, seq, self.hidden_size))  # [B, F, H]
+        return self.output_dense(context)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            dropout_rate=self.dropout_rate,
+            initializer_range=self.initializer_range,
+        )
+        return config

@@ -1,0 +1,87 @@
+"""One post-LayerNorm Transformer block (REFERENCE.md §3).
+
+    x = LN(x + dropout(attention(x)))
+    x = LN(x + dropout(dense_H(act(dense_I(x)))))
+
+Dimensions: B batch, S sequence, H hidden, I intermediate size.
+"""
+
+import keras
+
+from bert_tf.layers.activations import get_activation
+from bert_tf.layers.attention import SelfAttention
+from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
+
+
+class TransformerBlock(keras.layers.Layer):
+    """[B, S, H] -> [B, S, H]; sub-layer names are mapped to `bert/encoder/layer_i/...`."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        intermediate_size: int,
+        hidden_act: str,
+        hidden_dropout_rate: float,
+        attention_dropout_rate: float,
+        initializer_range: float,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_rate = hidden_dropout_rate
+        self.attention_dropout_rate = attention_dropout_rate
+        self.initializer_range = initializer_range
+        init = keras.initializers.TruncatedNormal(stddev=initializer_range)
+        policy = self.dtype_policy
+
+        self.attention = SelfAttention(
+            hidden_size, num_heads, attention_dropout_rate, initializer_range, name="attention", dtype=policy
+        )
+        self.attention_dropout = keras.layers.Dropout(hidden_dropout_rate, dtype=policy)
+        self.attention_layer_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="attention_LayerNorm", dtype=policy
+        )
+        self.intermediate = keras.layers.Dense(
+            intermediate_size,
+            activation=get_activation(hidden_act),
+            kernel_initializer=init,
+            name="intermediate",
+            dtype=policy,
+        )
+        self.output_dense = keras.layers.Dense(hidden_size, kernel_initializer=init, name="output_dense", dtype=policy)
+        self.output_dropout = keras.layers.Dropout(hidden_dropout_rate, dtype=policy)
+        self.output_layer_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="output_LayerNorm", dtype=policy
+        )
+
+    def build(self, input_shape=None):
+        hidden = (None, None, self.hidden_size)
+        self.attention.build(hidden)
+        self.attention_layer_norm.build(hidden)
+        self.intermediate.build(hidden)
+        self.output_dense.build((None, None, self.intermediate_size))
+        self.output_layer_norm.build(hidden)
+
+    def call(self, x, input_mask, training=False):
+        """x: [B, S, H] compute dtype; input_mask: int [B, S] (1 = real token)."""
+        attended = self.attention(x, input_mask, training=training)
+        x = self.attention_layer_norm(x + self.attention_dropout(attended, training=training))
+        y = self.output_dense(self.intermediate(x))
+        return self.output_layer_norm(x + self.output_dropout(y, training=training))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            hidden_act=self.hidden_act,
+            hidden_dropout_rate=self.hidden_dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            initializer_range=self.initializer_range,
+        )
+        return config

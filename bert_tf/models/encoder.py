@@ -1,0 +1,115 @@
+"""The BERT encoder: embeddings -> post-LN Transformer blocks -> tanh pooler (REFERENCE.md §3).
+
+Dimensions: B batch, S sequence length (any S <= max_position_embeddings), H hidden.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from bert_tf.configs import BertConfig
+from bert_tf.layers import BertEmbeddings, TransformerBlock
+
+INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
+
+
+class BertEncoder(keras.Model):
+    """BERT encoder built from a `BertConfig`.
+
+    Called on a dict with int32 [B, S] `input_ids`, `input_mask`, `segment_ids`,
+    it returns a dict:
+      sequence_output: [B, S, H], the last block's output;
+      pooled_output:   [B, H], tanh(dense(sequence_output[:, 0]));
+      encoder_outputs: list of num_hidden_layers tensors [B, S, H], one per block.
+    Outputs are in the layer compute dtype (bfloat16/float16 under a mixed
+    policy); softmax and LayerNorm always run in float32.
+
+    Variables exist as soon as the encoder is constructed, so checkpoints can be
+    loaded before the first call. Layer names are stable: embeddings,
+    layer_{i}, pooler; `bert_tf.checkpoints` maps them to the original names.
+    """
+
+    def __init__(self, config: BertConfig, name: str = "bert", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.config = config
+        policy = self.dtype_policy
+        # --- layers
+        self.embeddings = BertEmbeddings(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            type_vocab_size=config.type_vocab_size,
+            max_position_embeddings=config.max_position_embeddings,
+            dropout_rate=config.hidden_dropout_prob,
+            initializer_range=config.initializer_range,
+            name="embeddings",
+            dtype=policy,
+        )
+        self.blocks = [
+            TransformerBlock(
+                hidden_size=config.hidden_size,
+                num_heads=config.num_attention_heads,
+                intermediate_size=config.intermediate_size,
+                hidden_act=config.hidden_act,
+                hidden_dropout_rate=config.hidden_dropout_prob,
+                attention_dropout_rate=config.attention_probs_dropout_prob,
+                initializer_range=config.initializer_range,
+                name=f"layer_{i}",
+                dtype=policy,
+            )
+            for i in range(config.num_hidden_layers)
+        ]
+        self.pooler = keras.layers.Dense(
+            config.hidden_size,
+            activation="tanh",
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=config.initializer_range),
+            name="pooler",
+            dtype=policy,
+        )
+        self.build()
+
+    def build(self, input_shape=None):
+        self.embeddings.build()
+        for block in self.blocks:
+            block.build()
+        self.pooler.build((None, self.config.hidden_size))
+
+    # --- forward pass
+    def call(self, inputs, training=False):
+        for key in INPUT_NAMES:
+            if key not in inputs:
+                raise KeyError(f"BertEncoder inputs: missing {key!r}; expected {', '.join(INPUT_NAMES)}")
+        input_ids = ops.cast(inputs["input_ids"], "int32")
+        segment_ids = ops.cast(inputs["segment_ids"], "int32")
+        input_mask = ops.cast(inputs["input_mask"], "int32")
+        x = self.embeddings(input_ids, segment_ids, training=training)  # [B, S, H]
+        encoder_outputs = []
+        for block in self.blocks:
+            x = block(x, input_mask, training=training)
+            encoder_outputs.append(x)
+        pooled = self.pooler(x[:, 0, :])  # [B, H]: the [CLS] position
+        return {"sequence_output": x, "pooled_output": pooled, "encoder_outputs": encoder_outputs}
+
+    # --- config
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"))
+
+    @property
+    def word_embeddings(self):
+        """The [V, H] word-embedding variable (tied to the masked-LM output layer)."""
+        return self.embeddings.word_embeddings.embeddings
+
+
+def build_encoder(config: BertConfig, **kwargs) -> BertEncoder:
+    """A built `BertEncoder` for `config` (variables created, freshly initialised)."""
+    return BertEncoder(config, **kwargs)
+
+
+def dummy_inputs(batch_size: int = 1, seq_length: int = 2) -> dict:
+    """All-zero int32 encoder inputs of shape [batch_size, seq_length] (mask all ones)."""
+    zeros = ops.zeros((batch_size, seq_length), "int32")
+    return {"input_ids": zeros, "input_mask": ops.ones((batch_size, seq_length), "int32"), "segment_ids": zeros}

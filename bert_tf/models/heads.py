@@ -1,0 +1,296 @@
+"""Output heads on top of the encoder (REFERENCE.md §3).
+
+Every head runs in float32 (its own dtype policy), whatever the encoder's
+mixed-precision policy: logits and losses stay accurate, and the extra cost is
+small because the heads see only [CLS], the masked positions, or one
+projection per position.
+
+Dimensions: B batch, S sequence, H hidden, V vocab, P masked positions per
+sequence, L labels, C choices.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from bert_tf.layers.activations import get_activation
+from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
+
+# Dropout on the pooled output before the classifier; the original hard-codes
+# keep_prob=0.9 in run_classifier.py (REFERENCE.md §3).
+CLASSIFIER_DROPOUT = 0.1
+HEAD_DTYPE = "float32"
+
+
+def _truncated_normal(stddev):
+    return keras.initializers.TruncatedNormal(stddev=stddev)
+
+
+class OutputProjection(keras.layers.Layer):
+    """logits = x @ output_weights^T + output_bias, weights stored [units, H].
+
+    The [out, in] layout is the original's for every head it names
+    `output_weights` (NSP, classifier, SQuAD), so checkpoints map without transposes.
+    """
+
+    def __init__(self, units: int, hidden_size: int, initializer_range: float = 0.02, **kwargs):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(**kwargs)
+        self.units = units
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+
+    def build(self, input_shape=None):
+        self.output_weights = self.add_weight(
+            name="output_weights",
+            shape=(self.units, self.hidden_size),
+            initializer=_truncated_normal(self.initializer_range),
+        )
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.units,), initializer="zeros")
+
+    def call(self, x):
+        """x: [..., H] -> float32 [..., units]."""
+        x = ops.cast(x, self.compute_dtype)
+        return ops.matmul(x, ops.transpose(self.output_weights)) + self.output_bias
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(units=self.units, hidden_size=self.hidden_size, initializer_range=self.initializer_range)
+        return config
+
+
+def gather_positions(sequence, positions):
+    """sequence: [B, S, H], positions: int [B, P] -> [B, P, H] (hidden states at those positions)."""
+    batch, seq_length, hidden = ops.shape(sequence)[0], ops.shape(sequence)[1], ops.shape(sequence)[2]
+    positions = ops.cast(positions, "int32")
+    offsets = ops.arange(batch, dtype="int32")[:, None] * seq_length  # [B, 1]
+    flat_positions = ops.reshape(positions + offsets, (-1,))  # [B * P]
+    flat_sequence = ops.reshape(sequence, (-1, hidden))  # [B * S, H]
+    gathered = ops.take(flat_sequence, flat_positions, axis=0)  # [B * P, H]
+    return ops.reshape(gathered, (batch, ops.shape(positions)[1], hidden))  # [B, P, H]
+
+
+class MaskedLMHead(keras.layers.Layer):
+    """Masked-LM logits at the masked positions only.
+
+    transform (dense H + hidden_act, LayerNorm), then multiply by the transposed
+    word-embedding table (tied, passed at call time) and add `output_bias` [V].
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        hidden_act: str = "gelu",
+        initializer_range: float = 0.02,
+        name: str = "masked_lm",
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.hidden_act = hidden_act
+        self.initializer_range = initializer_range
+        self.transform = keras.layers.Dense(
+            hidden_size,
+            activation=get_activation(hidden_act),
+            kernel_initializer=_truncated_normal(initializer_range),
+            name="transform",
+            dtype=self.dtype_policy,
+        )
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="transform_LayerNorm", dtype=self.dtype_policy
+        )
+
+    def build(self, input_shape=None):
+        self.transform.build((None, self.hidden_size))
+        self.layer_norm.build((None, self.hidden_size))
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,), initializer="zeros")
+
+    def call(self, sequence_output, masked_lm_positions, embedding_table):
+        """sequence_output [B, S, H], masked_lm_positions int [B, P], embedding_table [V, H]
+        -> float32 logits [B, P, V]."""
+        x = gather_positions(ops.cast(sequence_output, self.compute_dtype), masked_lm_positions)  # [B, P, H]
+        x = self.layer_norm(self.transform(x))
+        table = ops.cast(embedding_table, self.compute_dtype)  # [V, H]
+        return ops.matmul(x, ops.transpose(table)) + self.output_bias  # [B, P, V]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            hidden_act=self.hidden_act,
+            initializer_range=self.initializer_range,
+        )
+        return config
+
+
+class NextSentenceHead(keras.layers.Layer):
+    """2-way classifier on the pooled output; label 0 = IsNext, 1 = random next."""
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02, name: str = "next_sentence", **kwargs):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.projection = OutputProjection(2, hidden_size, initializer_range, name="seq_relationship")
+
+    def build(self, input_shape=None):
+        self.projection.build()
+
+    def call(self, pooled_output):
+        """pooled_output [B, H] -> float32 logits [B, 2]."""
+        return self.projection(pooled_output)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_size=self.hidden_size, initializer_range=self.initializer_range)
+        return config
+
+
+class ClassificationHead(keras.layers.Layer):
+    """Dropout on the pooled output, then a dense layer to `num_labels` (1 = regression)."""
+
+    def __init__(
+        self,
+        num_labels: int,
+        hidden_size: int,
+        initializer_range: float = 0.02,
+        dropout_rate: float = CLASSIFIER_DROPOUT,
+        name: str = "classifier",
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.num_labels = num_labels
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.dropout_rate = dropout_rate
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.projection = OutputProjection(num_labels, hidden_size, initializer_range, name="output")
+
+    def build(self, input_shape=None):
+        self.projection.build()
+
+    def call(self, pooled_output, training=False):
+        """pooled_output [B, H] -> float32 logits [B, L]."""
+        x = self.dropout(ops.cast(pooled_output, self.compute_dtype), training=training)
+        return self.projection(x)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_labels=self.num_labels,
+            hidden_size=self.hidden_size,
+            initializer_range=self.initializer_range,
+            dropout_rate=self.dropout_rate,
+        )
+        return config
+
+
+class SpanHead(keras.layers.Layer):
+    """A dense layer to 2 on every position: start and end logits (SQuAD)."""
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02, name: str = "span", **kwargs):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.projection = OutputProjection(2, hidden_size, initializer_range, name="squad")
+
+    def build(self, input_shape=None):
+        self.projection.build()
+
+    def call(self, sequence_output):
+        """sequence_output [B, S, H] -> (start_logits, end_logits), each float32 [B, S]."""
+        logits = self.projection(sequence_output)  # [B, S, 2]
+        return logits[..., 0], logits[..., 1]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_size=self.hidden_size, initializer_range=self.initializer_range)
+        return config
+
+
+class MultipleChoiceHead(keras.layers.Layer):
+    """One score per (context, choice) from its pooled output; softmax is over the choices."""
+
+    def __init__(
+        self,
+        num_choices: int,
+        hidden_size: int,
+        initializer_range: float = 0.02,
+        dropout_rate: float = CLASSIFIER_DROPOUT,
+        name: str = "multiple_choice",
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.num_choices = num_choices
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.dropout_rate = dropout_rate
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.projection = OutputProjection(1, hidden_size, initializer_range, name="output")
+
+    def build(self, input_shape=None):
+        self.projection.build()
+
+    def call(self, pooled_output, training=False):
+        """pooled_output [B * C, H] (choices of one example adjacent) -> float32 logits [B, C]."""
+        x = self.dropout(ops.cast(pooled_output, self.compute_dtype), training=training)
+        scores = self.projection(x)  # [B * C, 1]
+        return ops.reshape(scores, (-1, self.num_choices))  # [B, C]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_choices=self.num_choices,
+            hidden_size=self.hidden_size,
+            initializer_range=self.initializer_range,
+            dropout_rate=self.dropout_rate,
+        )
+        return config
+
+
+class TokenTaggingHead(keras.layers.Layer):
+    """Dropout then a dense layer to `num_labels` on every position (NER)."""
+
+    def __init__(
+        self,
+        num_labels: int,
+        hidden_size: int,
+        initializer_range: float = 0.02,
+        dropout_rate: float = CLASSIFIER_DROPOUT,
+        name: str = "tagger",
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", HEAD_DTYPE)
+        super().__init__(name=name, **kwargs)
+        self.num_labels = num_labels
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.dropout_rate = dropout_rate
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.projection = OutputProjection(num_labels, hidden_size, initializer_range, name="output")
+
+    def build(self, input_shape=None):
+        self.projection.build()
+
+    def call(self, sequence_output, training=False):
+        """sequence_output [B, S, H] -> float32 logits [B, S, L]."""
+        x = self.dropout(ops.cast(sequence_output, self.compute_dtype), training=training)
+        return self.projection(x)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_labels=self.num_labels,
+            hidden_size=self.hidden_size,
+            initializer_range=self.initializer_range,
+            dropout_rate=self.dropout_rate,
+        )
+        return config

@@ -1,0 +1,131 @@
+"""The pretraining model: encoder + masked-LM + next-sentence heads, with the original losses.
+
+Losses and metrics follow REFERENCE.md §3 (the original run_pretraining.py):
+  masked_lm_loss   = sum(w * xent) / (sum(w) + 1e-5), w = masked_lm_weights
+  next_sentence_loss = mean xent over the batch
+  loss             = masked_lm_loss + next_sentence_loss
+  masked_lm_accuracy = sum(w * [argmax == id]) / sum(w)
+  next_sentence_accuracy = mean [argmax == label]
+
+Dimensions: B batch, S sequence, P max predictions per sequence, V vocab.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from bert_tf.configs import BertConfig
+from bert_tf.models.encoder import BertEncoder
+from bert_tf.models.heads import MaskedLMHead, NextSentenceHead
+
+# Keeps the MLM loss finite when a batch has no real predictions (the original's constant).
+MLM_LOSS_DENOMINATOR_EPSILON = 1e-5
+
+PRETRAINING_FEATURES = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+)
+
+
+def label_log_probs(logits, labels):
+    """logits float32 [..., K], labels int [...] -> log p(label), float32 [...]."""
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    labels = ops.cast(labels, "int32")[..., None]
+    return ops.squeeze(ops.take_along_axis(log_probs, labels, axis=-1), axis=-1)
+
+
+def masked_lm_loss_and_accuracy(logits, masked_lm_ids, masked_lm_weights):
+    """logits [B, P, V], ids int [B, P], weights float [B, P] -> (loss, accuracy), float32 scalars."""
+    weights = ops.cast(masked_lm_weights, "float32")
+    xent = -label_log_probs(logits, masked_lm_ids)  # [B, P]
+    loss = ops.sum(weights * xent) / (ops.sum(weights) + MLM_LOSS_DENOMINATOR_EPSILON)
+    correct = ops.cast(ops.equal(ops.argmax(logits, axis=-1), ops.cast(masked_lm_ids, "int64")), "float32")
+    accuracy = ops.divide_no_nan(ops.sum(weights * correct), ops.sum(weights))
+    return loss, accuracy
+
+
+def next_sentence_loss_and_accuracy(logits, labels):
+    """logits [B, 2], labels int [B] or [B, 1] -> (mean xent, accuracy), float32 scalars."""
+    labels = ops.reshape(ops.cast(labels, "int32"), (-1,))  # [B]
+    loss = ops.mean(-label_log_probs(logits, labels))
+    correct = ops.equal(ops.argmax(logits, axis=-1), ops.cast(labels, "int64"))
+    return loss, ops.mean(ops.cast(correct, "float32"))
+
+
+class BertPretrainer(keras.Model):
+    """`BertPretrainer(config)(features, training=...)` -> dict of float32 scalars.
+
+    `features` is the original pretraining feature dict (PRETRAINING_FEATURES;
+    `next_sentence_labels` is not needed without NSP). The result holds "loss",
+    "masked_lm_loss", "masked_lm_accuracy" and, with next-sentence prediction,
+    "next_sentence_loss" and "next_sentence_accuracy". `.encoder` is the
+    `BertEncoder`; `.masked_lm` and `.next_sentence` are the heads.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        use_next_sentence_prediction: bool = True,
+        encoder: BertEncoder | None = None,
+        name: str = "bert_pretrainer",
+        **kwargs,
+    ):
+        super().__init__(name=name, **kwargs)
+        self.config = config
+        self.use_next_sentence_prediction = use_next_sentence_prediction
+        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        self.masked_lm = MaskedLMHead(
+            config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range, name="masked_lm"
+        )
+        self.masked_lm.build()
+        if use_next_sentence_prediction:
+            self.next_sentence = NextSentenceHead(config.hidden_size, config.initializer_range, name="next_sentence")
+            self.next_sentence.build()
+        else:
+            self.next_sentence = None
+
+    def logits(self, features, training=False):
+        """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP)}."""
+        outputs = self.encoder(features, training=training)
+        result = {
+            "masked_lm_logits": self.masked_lm(
+                outputs["sequence_output"], features["masked_lm_positions"], self.encoder.word_embeddings
+            )
+        }
+        if self.next_sentence is not None:
+            result["next_sentence_logits"] = self.next_sentence(outputs["pooled_output"])
+        return result
+
+    def call(self, features, training=False):
+        logits = self.logits(features, training=training)
+        mlm_loss, mlm_accuracy = masked_lm_loss_and_accuracy(
+            logits["masked_lm_logits"], features["masked_lm_ids"], features["masked_lm_weights"]
+        )
+        result = {"loss": mlm_loss, "masked_lm_loss": mlm_loss, "masked_lm_accuracy": mlm_accuracy}
+        if self.next_sentence is not None:
+            nsp_loss, nsp_accuracy = next_sentence_loss_and_accuracy(
+                logits["next_sentence_logits"], features["next_sentence_labels"]
+            )
+            result.update(loss=mlm_loss + nsp_loss, next_sentence_loss=nsp_loss, next_sentence_accuracy=nsp_accuracy)
+        return result
+
+    def get_config(self):
+        return {
+            "config": self.config.to_dict(),
+            "use_next_sentence_prediction": self.use_next_sentence_prediction,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(
+            BertConfig.from_dict(config["config"]),
+            use_next_sentence_prediction=config["use_next_sentence_prediction"],
+            name=config.get("name", "bert_pretrainer"),
+        )
