@@ -1,0 +1,1 @@
+"""Distribution strategy, optimizer + schedule, and the reusable custom training loop."""

@@ -1,0 +1,258 @@
+"""The original BERT optimizer (REFERENCE.md §4), LAMB, and the learning-rate schedule.
+
+The optimizers here are small `tf.Module`s rather than `keras.optimizers`:
+the training loop all-reduces gradients once, clips them by global norm (the
+original clips before the update) and then applies them, and a Keras
+optimizer would all-reduce a second time inside `apply_gradients`. Slot
+variables are created eagerly, under the distribution strategy's scope, so
+`tf.train.Checkpoint` saves and restores them with the model.
+
+Update of `AdamWeightDecay` for a parameter w with gradient g (no bias
+correction, decoupled weight decay, exactly the original's):
+    m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+    w -= lr * (m / (sqrt(v) + eps) + wd * w)        (wd = 0 for excluded names)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional, Sequence
+
+import tensorflow as tf
+
+# REFERENCE.md §4: the original's AdamWeightDecayOptimizer hyper-parameters.
+ADAM_BETA_1 = 0.9
+ADAM_BETA_2 = 0.999
+ADAM_EPSILON = 1e-6
+WEIGHT_DECAY_RATE = 0.01
+CLIP_NORM = 1.0
+# Substrings of a variable's path that exempt it from weight decay (and, for
+# LAMB, from the layer-wise trust ratio), as in the original.
+EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
+
+OPTIMIZERS = ("adamw", "lamb")
+
+
+def variable_path(variable) -> str:
+    """The name the exclusion patterns match against: a Keras variable's path
+    (`bert/layer_0/attention_LayerNorm/gamma`), or a tf.Variable's name."""
+    path = getattr(variable, "path", None)
+    if path:
+        return path
+    return variable.name.split(":")[0]
+
+
+class WarmupLinearDecay:
+    """lr(step) = peak * step / warmup           while step < warmup,
+                  peak * (1 - min(step, total) / total) afterwards.
+
+    The decay is measured from step 0, not from the end of the warmup (the
+    original's polynomial_decay(power=1) then a warmup override). `step` is
+    the number of updates applied before this one, so the first update of a
+    run with warmup uses lr 0, as in the original.
+    """
+
+    def __init__(self, peak_learning_rate: float, num_train_steps: int, num_warmup_steps: int = 0):
+        if num_train_steps <= 0:
+            raise ValueError(f"num_train_steps must be positive, got {num_train_steps}")
+        if num_warmup_steps < 0:
+            raise ValueError(f"num_warmup_steps must be >= 0, got {num_warmup_steps}")
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.num_train_steps = int(num_train_steps)
+        self.num_warmup_steps = int(num_warmup_steps)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        total = float(self.num_train_steps)
+        decayed = self.peak_learning_rate * (1.0 - tf.minimum(step, total) / total)
+        if not self.num_warmup_steps:
+            return decayed
+        warmup = self.peak_learning_rate * step / float(self.num_warmup_steps)
+        return tf.where(step < float(self.num_warmup_steps), warmup, decayed)
+
+
+class _Untracked:
+    def __init__(self, value):
+        self.value = value
+
+
+class _SlotOptimizer(tf.Module):
+    """Shared plumbing: per-variable slots, decay exclusions, distributed apply."""
+
+    slot_names: Sequence[str] = ()
+
+    def __init__(
+        self,
+        variables,
+        learning_rate: Callable[[tf.Tensor], tf.Tensor],
+        weight_decay_rate: float,
+        exclude_from_weight_decay: Sequence[str],
+        name: str,
+    ):
+        super().__init__(name=name)
+        self.learning_rate = learning_rate
+        self.weight_decay_rate = float(weight_decay_rate)
+        self.exclude_from_weight_decay = tuple(exclude_from_weight_decay)
+        # Counts applied updates; the schedule reads it (it is the original's global_step).
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        # Held outside tf.Module's attribute tracking: the model owns (and
+        # checkpoints) these variables.
+        self._holder = _Untracked(list(variables))
+        # One list per slot, aligned with the variables; a list of variables is
+        # checkpointed by position, which is stable for a given model.
+        self.slots = {
+            slot: [
+                tf.Variable(tf.zeros(v.shape, dtype=tf.float32), trainable=False, name=f"{slot}")
+                for v in self._variables
+            ]
+            for slot in self.slot_names
+        }
+        self._decay = [self._use_weight_decay(variable_path(v)) for v in self._variables]
+
+    @property
+    def _variables(self):
+        return self._holder.value
+
+    def _use_weight_decay(self, name: str) -> bool:
+        if not self.weight_decay_rate:
+            return False
+        return not any(re.search(p, name) for p in self.exclude_from_weight_decay)
+
+    def decayed_variable_names(self):
+        return [variable_path(v) for v, d in zip(self._variables, self._decay, strict=True) if d]
+
+    def current_learning_rate(self) -> tf.Tensor:
+        return self.learning_rate(self.iterations)
+
+    def apply_gradients(self, grads) -> None:
+        """Applies one update; `grads` align with the constructor's variables.
+
+        In a replica context (inside `strategy.run`) the grads must already be
+        all-reduced: every replica then writes the same values to its copy.
+        """
+        lr = self.current_learning_rate()
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and tf.distribute.has_strategy():
+            ctx.merge_call(self._distributed_apply, args=(grads, lr))
+        else:
+            self._apply_all(grads, lr)
+
+    def _distributed_apply(self, strategy, grads, lr):
+        ops = []
+        for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
+            var = v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
+            slots = [self.slots[s][i] for s in self.slot_names]
+            ops.append(
+                strategy.extended.update(var, self._update_one, args=(g, lr, self._decay[i], *slots), group=False)
+            )
+        with tf.control_dependencies(tf.nest.flatten(ops)):
+            strategy.extended.update(self.iterations, lambda it: it.assign_add(1), group=False)
+
+    def _apply_all(self, grads, lr):
+        for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
+            slots = [self.slots[s][i] for s in self.slot_names]
+            self._update_one(v, g, lr, self._decay[i], *slots)
+        self.iterations.assign_add(1)
+
+    def _update_one(self, var, grad, lr, decay, *slots):
+        raise NotImplementedError
+
+
+class AdamWeightDecay(_SlotOptimizer):
+    """The original BERT optimizer: Adam without bias correction, decoupled weight decay."""
+
+    slot_names = ("m", "v")
+
+    def __init__(
+        self,
+        variables,
+        learning_rate,
+        weight_decay_rate: float = WEIGHT_DECAY_RATE,
+        beta_1: float = ADAM_BETA_1,
+        beta_2: float = ADAM_BETA_2,
+        epsilon: float = ADAM_EPSILON,
+        exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
+        name: str = "AdamWeightDecay",
+    ):
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
+
+    def _update_one(self, var, grad, lr, decay, m, v):
+        grad = tf.cast(grad, tf.float32)
+        next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
+        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+        update = next_m / (tf.sqrt(next_v) + self.epsilon)
+        if decay:
+            update += self.weight_decay_rate * var
+        m.assign(next_m)
+        v.assign(next_v)
+        return var.assign_sub(tf.cast(lr, var.dtype) * update)
+
+
+class Lamb(_SlotOptimizer):
+    """LAMB (You et al. 2019, Algorithm 2) for large-batch pretraining.
+
+    Adam moments with bias correction, decoupled weight decay, then a
+    per-variable trust ratio ||w|| / ||update|| (1 when either norm is 0, and
+    for the excluded names, as in the NVIDIA / MLPerf BERT recipes).
+    """
+
+    slot_names = ("m", "v")
+
+    def __init__(
+        self,
+        variables,
+        learning_rate,
+        weight_decay_rate: float = WEIGHT_DECAY_RATE,
+        beta_1: float = ADAM_BETA_1,
+        beta_2: float = ADAM_BETA_2,
+        epsilon: float = ADAM_EPSILON,
+        exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
+        name: str = "Lamb",
+    ):
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
+
+    def _update_one(self, var, grad, lr, decay, m, v):
+        grad = tf.cast(grad, tf.float32)
+        t = tf.cast(self.iterations + 1, tf.float32)
+        next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
+        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+        m_hat = next_m / (1.0 - tf.pow(self.beta_1, t))
+        v_hat = next_v / (1.0 - tf.pow(self.beta_2, t))
+        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+        ratio = 1.0
+        if decay:
+            update += self.weight_decay_rate * var
+            w_norm = tf.norm(var)
+            u_norm = tf.norm(update)
+            ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+        m.assign(next_m)
+        v.assign(next_v)
+        return var.assign_sub(tf.cast(lr * ratio, var.dtype) * update)
+
+
+def create_optimizer(
+    name: str,
+    variables,
+    learning_rate: float,
+    num_train_steps: int,
+    num_warmup_steps: int = 0,
+    weight_decay_rate: float = WEIGHT_DECAY_RATE,
+    schedule: Optional[Callable] = None,
+):
+    """`adamw` (the original) or `lamb`, with the warmup + linear decay schedule."""
+    schedule = schedule or WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+    if name == "adamw":
+        return AdamWeightDecay(variables, schedule, weight_decay_rate=weight_decay_rate)
+    if name == "lamb":
+        return Lamb(variables, schedule, weight_decay_rate=weight_decay_rate)
+    raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+
+
+def clip_by_global_norm(grads, clip_norm: float = CLIP_NORM):
+    """Returns (clipped grads, global norm before clipping); clip_norm <= 0 disables clipping."""
+    norm = tf.linalg.global_norm(grads)
+    if clip_norm and clip_norm > 0:
+        grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
+    return grads, norm

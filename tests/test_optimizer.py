@@ -1,0 +1,104 @@
+"""The optimizer and schedule against REFERENCE.md §4, written out in NumPy."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf.training import optimizer as opt
+
+
+def numpy_lr(step, peak, total, warmup):
+    decayed = peak * (1.0 - min(step, total) / total)
+    if warmup and step < warmup:
+        return peak * step / warmup
+    return decayed
+
+
+@pytest.mark.parametrize("total,warmup", [(100, 10), (50, 0), (20, 20)])
+def test_schedule_matches_reference(total, warmup):
+    schedule = opt.WarmupLinearDecay(1e-4, total, warmup)
+    for step in range(0, total + 5):
+        np.testing.assert_allclose(float(schedule(step)), numpy_lr(step, 1e-4, total, warmup), rtol=1e-6, atol=1e-12)
+    # The decay is not offset by the warmup: right after warmup the lr is already below the peak.
+    if warmup and warmup < total:
+        assert float(schedule(warmup)) == pytest.approx(1e-4 * (1 - warmup / total), rel=1e-6)
+    assert float(schedule(0)) == (0.0 if warmup else pytest.approx(1e-4))
+
+
+def _variables():
+    # Paths like a Keras model's: the LayerNorm and bias ones are excluded from decay.
+    rng = np.random.default_rng(0)
+    names = ["bert/layer_0/intermediate/kernel", "bert/layer_0/output_LayerNorm/gamma", "bert/pooler/bias"]
+    shapes = [(3, 4), (4,), (4,)]
+    return [tf.Variable(rng.normal(size=s).astype(np.float32), name=n) for n, s in zip(names, shapes, strict=True)], names
+
+
+def test_adamw_steps_match_numpy():
+    variables, names = _variables()
+    peak, total, warmup = 0.1, 10, 3
+    schedule = opt.WarmupLinearDecay(peak, total, warmup)
+    optimizer = opt.AdamWeightDecay(variables, schedule, weight_decay_rate=0.01)
+    assert optimizer.decayed_variable_names() == [names[0]]
+
+    w = [v.numpy().copy() for v in variables]
+    m = [np.zeros_like(x) for x in w]
+    v2 = [np.zeros_like(x) for x in w]
+    rng = np.random.default_rng(1)
+    for step in range(6):
+        grads = [rng.normal(size=x.shape).astype(np.float32) for x in w]
+        optimizer.apply_gradients([tf.constant(g) for g in grads])
+        lr = numpy_lr(step, peak, total, warmup)
+        for i, g in enumerate(grads):
+            m[i] = 0.9 * m[i] + 0.1 * g
+            v2[i] = 0.999 * v2[i] + 0.001 * g * g
+            update = m[i] / (np.sqrt(v2[i]) + 1e-6)  # no bias correction
+            if i == 0:
+                update = update + 0.01 * w[i]
+            w[i] = w[i] - lr * update
+        for i, var in enumerate(variables):
+            np.testing.assert_allclose(var.numpy(), w[i], rtol=1e-5, atol=1e-7, err_msg=f"step {step} {names[i]}")
+    assert int(optimizer.iterations) == 6
+    # The slots hold the NumPy moments (no bias correction applied to them).
+    np.testing.assert_allclose(optimizer.slots["m"][0].numpy(), m[0], rtol=1e-5, atol=1e-8)
+
+
+def test_lamb_step_matches_numpy():
+    variables, _ = _variables()
+    schedule = opt.WarmupLinearDecay(0.01, 100, 0)
+    optimizer = opt.Lamb(variables, schedule, weight_decay_rate=0.01)
+    w0 = variables[0].numpy().copy()
+    g = np.full(w0.shape, 0.5, np.float32)
+    optimizer.apply_gradients([tf.constant(g), tf.zeros(4), tf.zeros(4)])
+    m, v = 0.1 * g, 0.001 * g * g
+    update = (m / 0.1) / (np.sqrt(v / 0.001) + 1e-6) + 0.01 * w0
+    ratio = np.linalg.norm(w0) / np.linalg.norm(update)
+    np.testing.assert_allclose(variables[0].numpy(), w0 - 0.01 * ratio * update, rtol=1e-5)
+
+
+def test_clip_by_global_norm():
+    grads = [tf.constant([3.0, 0.0]), tf.constant([4.0])]
+    clipped, norm = opt.clip_by_global_norm(grads, 1.0)
+    assert float(norm) == pytest.approx(5.0)
+    np.testing.assert_allclose(clipped[0].numpy(), [0.6, 0.0], rtol=1e-6)
+    unclipped, _ = opt.clip_by_global_norm(grads, 0.0)
+    np.testing.assert_allclose(unclipped[1].numpy(), [4.0])
+
+
+def test_unknown_optimizer_is_one_line():
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'; expected one of adamw, lamb"):
+        opt.create_optimizer("sgd", [], 1e-4, 10)
+
+
+def test_slots_checkpoint_round_trip(tmp_path):
+    variables, _ = _variables()
+    optimizer = opt.AdamWeightDecay(variables, opt.WarmupLinearDecay(0.1, 10, 0))
+    optimizer.apply_gradients([tf.ones(v.shape) for v in variables])
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    # Slots are saved, model variables are not duplicated under the optimizer.
+    assert sum("slots" in n for n in names) == 6
+    fresh_vars, _ = _variables()
+    restored = opt.AdamWeightDecay(fresh_vars, opt.WarmupLinearDecay(0.1, 10, 0))
+    tf.train.Checkpoint(optimizer=restored).restore(path).assert_existing_objects_matched()
+    assert int(restored.iterations) == 1
+    np.testing.assert_allclose(restored.slots["v"][1].numpy(), optimizer.slots["v"][1].numpy())
