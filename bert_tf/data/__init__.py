@@ -1,0 +1,1 @@
+"""Data: the pretraining TFRecord schema (one place), instance creation, input readers."""
