@@ -1,0 +1,552 @@
+"""Checkpoint interop: original TF1 checkpoints and Hugging Face BERT weights <-> our Keras model.
+
+One name map (`tf1_variable_map`) ties every variable of our models to its
+original TF1 name (REFERENCE.md §2). Hugging Face names are derived from the
+TF1 names (`hf_name`), so there is nothing else to keep in sync.
+
+Formats:
+  tf1  - `bert_model.ckpt` style: `<prefix>.index` + `<prefix>.data-*`, original names,
+         float32, dense kernels [in, out]; Adam slots and `global_step` are skipped.
+  hf   - `model.safetensors` (a file, or a folder that holds it and `config.json`);
+         Linear weights are [out, in].
+  ours - a TF2 object-based checkpoint, `tf.train.Checkpoint(model=model)`
+         (CHECKPOINT_MODEL_KEY), as written by the training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from bert_tf.configs import BertConfig, ConfigError
+
+# Our own checkpoints hold the model under this key: tf.train.Checkpoint(model=model).
+CHECKPOINT_MODEL_KEY = "model"
+# Variables in original checkpoints that are not model weights.
+_OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v")
+_NON_MODEL_NAMES = frozenset({"global_step"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded into (or does not match) the model."""
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What a load did: names (original TF1 spelling) that were copied, not found, or not used."""
+
+    loaded: list
+    missing: list  # in our model, not in the checkpoint (left freshly initialised)
+    unused: list  # in the checkpoint, not in our model (optimizer slots excluded)
+
+
+# ------------------------------------------------------------------ the name map
+def _encoder_of(model):
+    from bert_tf.models.encoder import BertEncoder
+
+    if isinstance(model, BertEncoder):
+        return model
+    encoder = getattr(model, "encoder", None)
+    if not isinstance(encoder, BertEncoder):
+        raise TypeError(f"{type(model).__name__} is not a BertEncoder and has no .encoder")
+    return encoder
+
+
+def _dense(prefix, layer):
+    return {f"{prefix}/kernel": layer.kernel, f"{prefix}/bias": layer.bias}
+
+
+def _layer_norm(prefix, layer):
+    return {f"{prefix}/gamma": layer.gamma, f"{prefix}/beta": layer.beta}
+
+
+def _projection(prefix, projection):
+    return {f"{prefix}output_weights": projection.output_weights, f"{prefix}output_bias": projection.output_bias}
+
+
+def tf1_variable_map(model) -> Dict[str, Any]:
+    """Original TF1 name -> our variable, for an encoder, a pretrainer or a task model.
+
+    Every head stores its output weights in the original [out, in] layout, so
+    values copy across unchanged (no transposes) in both directions.
+    """
+    from bert_tf.models import heads
+
+    encoder = _encoder_of(model)
+    emb = encoder.embeddings
+    names = {
+        "bert/embeddings/word_embeddings": emb.word_embeddings.embeddings,
+        "bert/embeddings/token_type_embeddings": emb.token_type_embeddings.embeddings,
+        "bert/embeddings/position_embeddings": emb.position_embeddings,
+        **_layer_norm("bert/embeddings/LayerNorm", emb.layer_norm),
+    }
+    for i, block in enumerate(encoder.blocks):
+        p = f"bert/encoder/layer_{i}"
+        names.update(_dense(f"{p}/attention/self/query", block.attention.query))
+        names.update(_dense(f"{p}/attention/self/key", block.attention.key))
+        names.update(_dense(f"{p}/attention/self/value", block.attention.value))
+        names.update(_dense(f"{p}/attention/output/dense", block.attention.output_dense))
+        names.update(_layer_norm(f"{p}/attention/output/LayerNorm", block.attention_layer_norm))
+        names.update(_dense(f"{p}/intermediate/dense", block.intermediate))
+        names.update(_dense(f"{p}/output/dense", block.output_dense))
+        names.update(_layer_norm(f"{p}/output/LayerNorm", block.output_layer_norm))
+    names.update(_dense("bert/pooler/dense", encoder.pooler))
+
+    if model is encoder:
+        return names
+    for attr in ("masked_lm", "next_sentence", "head"):
+        head = getattr(model, attr, None)
+        if head is None:
+            continue
+        if isinstance(head, heads.MaskedLMHead):
+            names.update(_dense("cls/predictions/transform/dense", head.transform))
+            names.update(_layer_norm("cls/predictions/transform/LayerNorm", head.layer_norm))
+            names["cls/predictions/output_bias"] = head.output_bias
+        elif isinstance(head, heads.NextSentenceHead):
+            names.update(_projection("cls/seq_relationship/", head.projection))
+        elif isinstance(head, heads.SpanHead):
+            names.update(_projection("cls/squad/", head.projection))
+        elif isinstance(head, (heads.ClassificationHead, heads.MultipleChoiceHead, heads.TokenTaggingHead)):
+            # run_classifier.py's top-level names; SWAG and NER ports of it use the same.
+            names.update(_projection("", head.projection))
+        else:
+            raise TypeError(f"no original checkpoint names for head {type(head).__name__}")
+    return names
+
+
+_HF_SPECIAL = {
+    "cls/predictions/output_bias": "cls.predictions.bias",
+    "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
+    "cls/seq_relationship/output_bias": "cls.seq_relationship.bias",
+    "cls/squad/output_weights": "qa_outputs.weight",
+    "cls/squad/output_bias": "qa_outputs.bias",
+    "output_weights": "classifier.weight",
+    "output_bias": "classifier.bias",
+}
+_HF_LEAF = {"kernel": "weight", "gamma": "weight", "beta": "bias", "bias": "bias"}
+
+
+def hf_name(tf1_name: str, bert_prefix: str = "") -> str:
+    """The Hugging Face name of an original TF1 variable name.
+
+    `bert_prefix` is "bert." for BertFor* files and "" for BertModel files.
+    Values whose TF1 name ends in `kernel` are transposed ([in, out] vs [out, in]).
+    """
+    if tf1_name in _HF_SPECIAL:
+        return _HF_SPECIAL[tf1_name]
+    parts = tf1_name.split("/")
+    is_bert = parts[0] == "bert"
+    if is_bert:
+        parts = parts[1:]
+    parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", p) for p in parts]
+    if parts[-1] in _HF_LEAF:
+        parts[-1] = _HF_LEAF[parts[-1]]
+    else:  # an embedding table
+        parts.append("weight")
+    return (bert_prefix if is_bert else "") + ".".join(parts)
+
+
+# ------------------------------------------------------------------ loading
+def _assign(names: Mapping[str, Any], values: Mapping[str, np.ndarray], source: str, config: BertConfig) -> None:
+    for name, variable in names.items():
+        value = values[name]
+        want = tuple(variable.shape)
+        if tuple(value.shape) != want:
+            if name == "bert/embeddings/word_embeddings" and value.shape[1:] == want[1:]:
+                raise CheckpointError(
+                    f"{source}: vocab size mismatch: {name} has shape {list(value.shape)} in the checkpoint "
+                    f"but {list(want)} in the model (bert_config vocab_size={config.vocab_size})"
+                )
+            raise CheckpointError(
+                f"{source}: {name} has shape {list(value.shape)} in the checkpoint but "
+                f"{list(want)} in the model built from bert_config"
+            )
+    for name, variable in names.items():
+        variable.assign(np.asarray(values[name], dtype=np.float32))
+
+
+def _check_encoder_coverage(report: LoadReport, source: str) -> None:
+    """Every encoder variable must come from the checkpoint, and no encoder variable may be left over."""
+    missing = [n for n in report.missing if n.startswith("bert/")]
+    extra = [n for n in report.unused if n.startswith("bert/")]
+    if missing or extra:
+        what = f"has no {missing[0]}" if missing else f"has {extra[0]}, which the model does not"
+        raise CheckpointError(
+            f"{source}: checkpoint does not match bert_config ({what}; "
+            f"{len(missing)} missing, {len(extra)} extra encoder variables)"
+        )
+
+
+def resolve_tf1_checkpoint(path: str) -> str:
+    """A checkpoint prefix from a prefix or a folder (its latest checkpoint, else bert_model.ckpt)."""
+    import tensorflow as tf
+
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        path = latest or os.path.join(path, "bert_model.ckpt")
+    if not tf.io.gfile.exists(path + ".index"):
+        raise CheckpointError(f"{path}: no checkpoint found (expected {path}.index)")
+    return path
+
+
+def _reader(path: str):
+    """A checkpoint reader for a resolved prefix; unreadable files become a one-line CheckpointError."""
+    import tensorflow as tf
+
+    try:
+        return tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(f"{path}: cannot read checkpoint ({first})") from None
+
+
+def _is_model_variable(name: str) -> bool:
+    return name not in _NON_MODEL_NAMES and not name.endswith(_OPTIMIZER_SUFFIXES)
+
+
+def load_tf1_checkpoint(model, ckpt_path: str) -> LoadReport:
+    """Loads an original TF1 checkpoint into `model` (encoder, pretrainer or task model).
+
+    Encoder variables must all be present with the right shapes; heads the
+    checkpoint does not have stay freshly initialised (the original's
+    init_from_checkpoint rule), and the report lists them.
+    """
+
+    path = resolve_tf1_checkpoint(ckpt_path)
+    reader = _reader(path)
+    shapes = reader.get_variable_to_shape_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes and not any(n.startswith("bert/") for n in shapes):
+        raise CheckpointError(f"{path}: a TF2 object-based checkpoint, not an original TF1 one; use load_checkpoint")
+    names = tf1_variable_map(model)
+    present = {n for n in shapes if _is_model_variable(n)}
+    report = LoadReport(
+        loaded=sorted(n for n in names if n in present),
+        missing=sorted(n for n in names if n not in present),
+        unused=sorted(n for n in present if n not in names),
+    )
+    _check_encoder_coverage(report, path)
+    values = {n: reader.get_tensor(n) for n in report.loaded}
+    _assign({n: names[n] for n in report.loaded}, values, path, _encoder_of(model).config)
+    return report
+
+
+def _hf_files(path: str):
+    """(safetensors file, config.json or None) for a file or a folder."""
+    if os.path.isdir(path):
+        weights = os.path.join(path, "model.safetensors")
+        config = os.path.join(path, "config.json")
+        if not os.path.exists(weights):
+            other = [f for f in ("pytorch_model.bin", "tf_model.h5") if os.path.exists(os.path.join(path, f))]
+            hint = f" (found {other[0]}; only safetensors is read)" if other else ""
+            raise CheckpointError(f"{path}: no model.safetensors in this folder{hint}")
+        return weights, (config if os.path.exists(config) else None)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such file or folder")
+    if not path.endswith(".safetensors"):
+        raise CheckpointError(f"{path}: expected a .safetensors file or a folder holding model.safetensors")
+    config = os.path.join(os.path.dirname(path), "config.json")
+    return path, (config if os.path.exists(config) else None)
+
+
+# HF activation names: "gelu" is the exact erf GELU there; ours (the original's) is the tanh
+# approximation. The difference is in the 4th decimal of activations (REFERENCE.md §3).
+_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu", "tanh": "tanh"}
+# Layer-norm epsilon our LayerNorm uses; HF configs say it as layer_norm_eps.
+_LAYER_NORM_EPSILON = 1e-12
+
+
+def hf_config_to_bert_config(config) -> BertConfig:
+    """A `BertConfig` from a Hugging Face BERT `config.json` (path) or its dict."""
+    source = "config"
+    if isinstance(config, (str, os.PathLike)):
+        source = str(config)
+        if os.path.isdir(source):
+            source = os.path.join(source, "config.json")
+        if not os.path.exists(source):
+            raise ConfigError(f"{source}: Hugging Face config.json not found")
+        with open(source, encoding="utf-8") as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    model_type = config.get("model_type", "bert")
+    if model_type != "bert":
+        raise ConfigError(f"{source}: model_type is {model_type!r}; only BERT models can be loaded")
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"{source}: position_embedding_type {config['position_embedding_type']!r} is not supported")
+    eps = config.get("layer_norm_eps", _LAYER_NORM_EPSILON)
+    if abs(eps - _LAYER_NORM_EPSILON) > 1e-15:
+        raise ConfigError(f"{source}: layer_norm_eps {eps} is not supported (expected {_LAYER_NORM_EPSILON})")
+    act = config.get("hidden_act", "gelu")
+    if act not in _HF_ACTIVATIONS:
+        raise ConfigError(
+            f"{source}: hidden_act {act!r} is not supported; expected one of {', '.join(_HF_ACTIVATIONS)}"
+        )
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    values = {k: v for k, v in config.items() if k in fields}
+    values["hidden_act"] = _HF_ACTIVATIONS[act]
+    return BertConfig.from_dict(values, source=source)
+
+
+_HF_IGNORED = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
+
+
+def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(path, framework="numpy") as f:
+        for key in f.keys():
+            out[key] = f.get_tensor(key)
+    return out
+
+
+def _hf_state_to_tf1(state: Mapping[str, np.ndarray], names: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    """HF tensors renamed to TF1 names (kernels transposed); unknown HF names keep theirs."""
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    values, used = {}, set()
+    for tf1 in names:
+        candidates = [hf_name(tf1, prefix)]
+        if candidates[0].endswith("LayerNorm.weight"):  # older files: gamma / beta
+            candidates.append(candidates[0][: -len("weight")] + "gamma")
+        elif candidates[0].endswith("LayerNorm.bias"):
+            candidates.append(candidates[0][: -len("bias")] + "beta")
+        for key in candidates:
+            if key in state:
+                value = np.asarray(state[key], dtype=np.float32)
+                values[tf1] = value.T if tf1.endswith("/kernel") else value
+                used.add(key)
+                break
+    for key in state:
+        if key not in used and not _HF_IGNORED.search(key):
+            # Map leftover encoder names to the TF1 spelling so coverage checks can name them.
+            bare = key[len(prefix) :] if prefix and key.startswith(prefix) else key
+            if bare.startswith(("embeddings.", "encoder.", "pooler.")):
+                values["bert/" + bare.replace(".", "/")] = None
+            else:
+                values[key] = None
+    return values
+
+
+def load_hf_weights(model, path: str) -> LoadReport:
+    """Loads Hugging Face BERT weights (`model.safetensors`, or a folder with it) into `model`.
+
+    When `config.json` sits beside the weights it must describe the same model
+    as the one built here.
+    """
+    weights_file, config_file = _hf_files(path)
+    config = _encoder_of(model).config
+    if config_file:
+        hf_config = hf_config_to_bert_config(config_file)
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if getattr(hf_config, field) != getattr(config, field):
+                raise CheckpointError(
+                    f"{config_file}: {field} is {getattr(hf_config, field)} but the model's bert_config says "
+                    f"{getattr(config, field)}"
+                )
+    names = tf1_variable_map(model)
+    values = _hf_state_to_tf1(_read_safetensors(weights_file), names)
+    present = {n for n, v in values.items() if v is not None}
+    report = LoadReport(
+        loaded=sorted(n for n in names if n in present),
+        missing=sorted(n for n in names if n not in present),
+        unused=sorted(n for n in values if n not in names),
+    )
+    _check_encoder_coverage(report, weights_file)
+    _assign({n: names[n] for n in report.loaded}, values, weights_file, config)
+    return report
+
+
+# ------------------------------------------------------------------ writing
+def _rename_checkpoint_files(tmp_prefix: str, prefix: str) -> None:
+    """Moves `<tmp>.data-*` then `<tmp>.index` to `prefix`: the index, written last, marks it complete."""
+    import tensorflow as tf
+
+    for data in tf.io.gfile.glob(tmp_prefix + ".data-*"):
+        tf.io.gfile.rename(data, prefix + data[len(tmp_prefix) :], overwrite=True)
+    tf.io.gfile.rename(tmp_prefix + ".index", prefix + ".index", overwrite=True)
+
+
+def write_tf1_checkpoint(model, path: str, global_step: Optional[int] = None) -> str:
+    """Writes `model`'s weights as an original TF1 checkpoint at prefix `path` (float32, original names).
+
+    `tf.train.load_checkpoint(path)` then reads exactly the original names; the
+    original tools (run_classifier.py --init_checkpoint=...) can load it.
+    """
+    import tensorflow as tf
+
+    names = tf1_variable_map(model)
+    tensors = {n: tf.constant(np.asarray(v.numpy(), dtype=np.float32)) for n, v in names.items()}
+    if global_step is not None:
+        tensors["global_step"] = tf.constant(global_step, dtype=tf.int64)
+    ordered = sorted(tensors)
+    folder = os.path.dirname(path)
+    if folder:
+        tf.io.gfile.makedirs(folder)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    tf.raw_ops.SaveV2(
+        prefix=tmp,
+        tensor_names=ordered,
+        shape_and_slices=[""] * len(ordered),
+        tensors=[tensors[n] for n in ordered],
+    )
+    _rename_checkpoint_files(tmp, path)
+    return path
+
+
+def write_checkpoint(model, path: str) -> str:
+    """Writes our own (TF2 object-based) checkpoint at prefix `path`: tf.train.Checkpoint(model=model)."""
+    import tensorflow as tf
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: model}).write(tmp)
+    _rename_checkpoint_files(tmp, path)
+    return path
+
+
+def load_checkpoint(model, path: str) -> None:
+    """Restores our own checkpoint (or a training checkpoint with optimizer state) into `model`.
+
+    The encoder must match completely; heads are restored when the checkpoint
+    has them (a classifier initialised from a pretraining checkpoint keeps its
+    fresh head).
+    """
+    import tensorflow as tf
+
+    path = resolve_tf1_checkpoint(path)
+    keys = _reader(path).get_variable_to_shape_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" not in keys:
+        raise CheckpointError(f"{path}: an original TF1 checkpoint, not ours; use load_tf1_checkpoint")
+    encoder = _encoder_of(model)
+    saved_encoder_alone = any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/embeddings/") for k in keys)
+    root = encoder if saved_encoder_alone else tf.train.Checkpoint(encoder=encoder)
+    try:
+        status = tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: root}).read(path)
+        status.assert_existing_objects_matched()
+        if model is not encoder and not saved_encoder_alone:
+            tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: model}).read(path).expect_partial()
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+        first = str(e).strip().splitlines()[0][:300]
+        raise CheckpointError(f"{path}: checkpoint does not match the model built from bert_config ({first})") from None
+
+
+# ------------------------------------------------------------------ detecting and converting
+def detect_format(path: str) -> str:
+    """The format of a checkpoint path ("hf", "tf1" or "ours"): a prefix, folder or .safetensors file (prefix, folder or .safetensors file)."""
+
+    if path.endswith(".safetensors") or (
+        os.path.isdir(path) and os.path.exists(os.path.join(path, "model.safetensors"))
+    ):
+        return "hf"
+    keys = _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map()
+    return "ours" if "_CHECKPOINTABLE_OBJECT_GRAPH" in keys else "tf1"
+
+
+def checkpoint_variable_shapes(path: str, fmt: str) -> Dict[str, list]:
+    """TF1-spelled variable names -> shapes found in a tf1 or hf checkpoint (to pick the heads to build)."""
+
+    if fmt == "tf1":
+        return {
+            n: s
+            for n, s in _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map().items()
+            if _is_model_variable(n)
+        }
+    from safetensors import safe_open
+
+    weights_file, _ = _hf_files(path)
+    reverse = {v: k for k, v in _HF_SPECIAL.items()}
+    with safe_open(weights_file, framework="numpy") as f:
+        return {reverse.get(k, k): list(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def build_model_for_checkpoint(config: BertConfig, shapes: Mapping[str, list]):
+    """The model whose variables cover the checkpoint's heads: pretrainer, classifier, span labeler or encoder."""
+    from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer, BertSpanLabeler
+
+    if "cls/predictions/output_bias" in shapes:
+        return BertPretrainer(config, use_next_sentence_prediction="cls/seq_relationship/output_weights" in shapes)
+    if "cls/squad/output_weights" in shapes:
+        return BertSpanLabeler(BertEncoder(config))
+    if "output_weights" in shapes:
+        return BertClassifier(BertEncoder(config), num_labels=int(shapes["output_weights"][0]))
+    return BertEncoder(config)
+
+
+def load_pretrained(model, path: str, fmt: Optional[str] = None) -> LoadReport | None:
+    """Loads weights from any supported format into `model`; `fmt` is detected when None."""
+    fmt = fmt or detect_format(path)
+    if fmt == "tf1":
+        return load_tf1_checkpoint(model, path)
+    if fmt == "hf":
+        return load_hf_weights(model, path)
+    if fmt == "ours":
+        load_checkpoint(model, path)
+        return None
+    raise ValueError(f"unknown checkpoint format {fmt!r}; expected tf1, hf or ours")
+
+
+def convert_checkpoint(
+    input_path: str,
+    output_path: str,
+    output_format: str,
+    bert_config: Optional[BertConfig] = None,
+    input_format: Optional[str] = None,
+    vocab_file: Optional[str] = None,
+) -> str:
+    """Converts a checkpoint between formats (tf1 -> ours, hf -> ours, ours -> tf1, hf -> tf1, tf1 -> tf1).
+
+    `bert_config` is required for tf1 and ours inputs; for hf it is read from
+    config.json when not given. Writes `bert_config.json` (and `vocab.txt` when
+    one is given or sits beside the input) next to the output prefix.
+    Returns the output prefix.
+    """
+    import tensorflow as tf
+
+    input_format = input_format or detect_format(input_path)
+    if output_format not in ("tf1", "ours"):
+        raise ValueError(f"unknown output format {output_format!r}; expected tf1 or ours")
+    if bert_config is None:
+        if input_format != "hf":
+            raise ConfigError(f"{input_path}: a bert_config is needed to read a {input_format} checkpoint")
+        _, config_file = _hf_files(input_path)
+        if config_file is None:
+            raise ConfigError(f"{input_path}: no config.json beside the weights; pass a bert_config")
+        bert_config = hf_config_to_bert_config(config_file)
+    if input_format == "ours":
+        keys = _reader(resolve_tf1_checkpoint(input_path)).get_variable_to_shape_map()
+        heads = {"masked_lm": "cls/predictions/output_bias", "next_sentence": "cls/seq_relationship/output_weights"}
+        shapes = {
+            tf1: [] for key, tf1 in heads.items() if any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/{key}/") for k in keys)
+        }
+    else:
+        shapes = checkpoint_variable_shapes(input_path, input_format)
+    model = build_model_for_checkpoint(bert_config, shapes)
+    load_pretrained(model, input_path, input_format)
+
+    folder = os.path.dirname(output_path)
+    if folder:
+        tf.io.gfile.makedirs(folder)
+    if output_format == "tf1":
+        write_tf1_checkpoint(model, output_path)
+    else:
+        write_checkpoint(model, output_path)
+    bert_config.to_json_file(os.path.join(folder, "bert_config.json"))
+    vocab_file = vocab_file or _vocab_beside(input_path)
+    if vocab_file:
+        out_vocab = os.path.join(folder, "vocab.txt")
+        if os.path.abspath(vocab_file) != os.path.abspath(out_vocab):
+            tmp = f"{out_vocab}.tmp-{os.getpid()}"
+            tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
+            tf.io.gfile.rename(tmp, out_vocab, overwrite=True)
+    return output_path
+
+
+def _vocab_beside(path: str) -> Optional[str]:
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    candidate = os.path.join(folder, "vocab.txt")
+    return candidate if os.path.exists(candidate) else None
