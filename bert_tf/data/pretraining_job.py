@@ -277,7 +277,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
         logger.info("  %s", f)
 
     progress = _Progress(text_input.input_size_bytes(input_files))
-    writers = [schema.RecordFileWriter(p, gzip_output=config.gzip) for p in paths]
+    writers: List[schema.RecordFileWriter] = []
     shuffle_rng = _rngs(config.random_seed, _FINAL_SHUFFLE_STREAM)[0]
     buffer: List[bytes] = []
     writer_index = 0
@@ -300,6 +300,8 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
 
     pool = None
     try:
+        for p in paths:
+            writers.append(schema.RecordFileWriter(p, gzip_output=config.gzip))
         blocks = text_input.iter_blocks(text_input.read_documents(input_files, config.input_format),
                                         config.block_bytes)
         if num_workers == 1:
