@@ -437,7 +437,7 @@ def load_checkpoint(model, path: str) -> None:
 
 # ------------------------------------------------------------------ detecting and converting
 def detect_format(path: str) -> str:
-    """The format of a checkpoint path ("hf", "tf1" or "ours"): a prefix, folder or .safetensors file (prefix, folder or .safetensors file)."""
+    """The format of a checkpoint path ("hf", "tf1" or "ours"): a prefix, folder or .safetensors file."""
 
     if path.endswith(".safetensors") or (
         os.path.isdir(path) and os.path.exists(os.path.join(path, "model.safetensors"))

@@ -80,6 +80,12 @@ class BertEncoder(keras.Model):
             if key not in inputs:
                 raise KeyError(f"BertEncoder inputs: missing {key!r}; expected {', '.join(INPUT_NAMES)}")
         input_ids = ops.cast(inputs["input_ids"], "int32")
+        seq_length = input_ids.shape[1]  # static when known
+        if seq_length is not None and seq_length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_length} exceeds max_position_embeddings "
+                f"{self.config.max_position_embeddings} of the bert_config"
+            )
         segment_ids = ops.cast(inputs["segment_ids"], "int32")
         input_mask = ops.cast(inputs["input_mask"], "int32")
         x = self.embeddings(input_ids, segment_ids, training=training)  # [B, S, H]
