@@ -45,8 +45,10 @@ class BertEncoder(keras.Model):
             name="embeddings",
             dtype=policy,
         )
-        self.blocks = [
-            TransformerBlock(
+        # One attribute per block (not a list): TF object-based checkpoints (tf.train.Checkpoint)
+        # do not track Keras 3's list wrappers, so a list would silently drop every block.
+        for i in range(config.num_hidden_layers):
+            block = TransformerBlock(
                 hidden_size=config.hidden_size,
                 num_heads=config.num_attention_heads,
                 intermediate_size=config.intermediate_size,
@@ -57,8 +59,7 @@ class BertEncoder(keras.Model):
                 name=f"layer_{i}",
                 dtype=policy,
             )
-            for i in range(config.num_hidden_layers)
-        ]
+            setattr(self, f"layer_{i}", block)
         self.pooler = keras.layers.Dense(
             config.hidden_size,
             activation="tanh",
@@ -103,6 +104,11 @@ class BertEncoder(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"))
+
+    @property
+    def blocks(self):
+        """The Transformer blocks, first to last."""
+        return [getattr(self, f"layer_{i}") for i in range(self.config.num_hidden_layers)]
 
     @property
     def word_embeddings(self):
