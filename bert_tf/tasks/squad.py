@@ -33,6 +33,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.tasks.glue import tokenize_all
 
 # The original's defaults (run_squad.py flags).
 DEFAULT_MAX_SEQ_LENGTH = 384
@@ -250,7 +251,7 @@ def convert_examples_to_features(
 ) -> List[SquadFeatures]:
     """Examples -> doc-stride features (see the module docstring).
 
-    tokenizer: anything with `tokenize` and `convert_tokens_to_ids`.
+    tokenizer: anything with `tokenize` (or `tokenize_batch`) and `convert_tokens_to_ids`.
     pad_to_max_length: zero-pad ids/mask/segments to `max_seq_length` (the original); False
     leaves them at the window's length for dynamic padding.
     """
@@ -265,9 +266,9 @@ def convert_examples_to_features(
                              f"{len(query_tokens)}-piece question (max_query_length {max_query_length})")
         if cached_doc[0] is not example.doc_tokens:
             tok_to_orig_index, orig_to_tok_index, all_doc_tokens = [], [], []
-            for i, word in enumerate(example.doc_tokens):
+            for i, word_pieces in enumerate(tokenize_all(tokenizer, example.doc_tokens)):
                 orig_to_tok_index.append(len(all_doc_tokens))
-                for sub_token in tokenizer.tokenize(word):
+                for sub_token in word_pieces:
                     tok_to_orig_index.append(i)
                     all_doc_tokens.append(sub_token)
             cached_doc = (example.doc_tokens, (tok_to_orig_index, orig_to_tok_index, all_doc_tokens))
