@@ -1,0 +1,148 @@
+"""create_pretraining_data: ours vs tf-models-official's port of the original, one after the other.
+
+    python benchmarks/bench_pretraining_data.py [--corpus ../shared/corpora/kjv_pretraining.txt]
+        [--vocab ../shared/fixtures/vocab/bert-base-uncased-vocab.txt] [--dupe_factor 5] [--skip_port]
+
+Same corpus and flags for both (max_seq_length 128, max_predictions_per_seq 20,
+dupe_factor 5, seed 12345, uncased). Each tool runs as a subprocess; its
+process tree (workers included) is polled every 0.2 s for resident memory:
+peak RSS summed over the tree (counts pages shared by forked workers once per
+process, so it overstates ours) and peak PSS (shared pages split between the
+processes that share them). Instances/s = instances written / wall time of the
+whole command (start-up, reading, tokenizing, writing). Then ours runs again on
+the corpus concatenated 10 times, to show that its peak memory does not grow.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHARED = pathlib.Path(os.environ.get("BERT_TF_SHARED", REPO.parent / "shared"))
+
+
+def _tree_memory(proc: psutil.Process):
+    rss = pss = 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0, 0
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return rss, pss
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd; returns (seconds, peak tree RSS bytes, peak tree PSS bytes, stderr tail)."""
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        ps = psutil.Process(proc.pid)
+        peak_rss = peak_pss = 0
+        while proc.poll() is None:
+            rss, pss = _tree_memory(ps)
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            time.sleep(0.2)
+        seconds = time.monotonic() - start
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-2000:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}):\n{tail}")
+    return seconds, peak_rss, peak_pss, tail
+
+
+def count_records(paths):
+    sys.path.insert(0, str(REPO))
+    from bert_tf.data import schema
+
+    return sum(1 for p in paths for _ in schema.read_records(p))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default=str(SHARED / "corpora" / "kjv_pretraining.txt"))
+    parser.add_argument("--vocab", default=str(SHARED / "fixtures" / "vocab" / "bert-base-uncased-vocab.txt"))
+    parser.add_argument("--dupe_factor", type=int, default=5)
+    parser.add_argument("--num_workers", type=int, default=0, help="ours; 0 = all cores")
+    parser.add_argument("--scale", type=int, default=10, help="copies of the corpus for the memory-growth run")
+    parser.add_argument("--skip_port", action="store_true")
+    parser.add_argument("--json", help="write the results here as JSON")
+    args = parser.parse_args()
+
+    common = [f"--vocab_file={args.vocab}", "--do_lower_case=True", "--max_seq_length=128",
+              "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--short_seq_prob=0.1",
+              "--random_seed=12345", f"--dupe_factor={args.dupe_factor}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    results = {"cores": os.cpu_count(), "corpus": args.corpus, "corpus_bytes": os.path.getsize(args.corpus),
+               "dupe_factor": args.dupe_factor}
+    with tempfile.TemporaryDirectory() as tmp:
+        def ours(corpus, name):
+            out = os.path.join(tmp, f"{name}.tfrecord")
+            cmd = [sys.executable, str(REPO / "create_pretraining_data.py"), f"--input_file={corpus}",
+                   f"--output_file={out}", f"--num_workers={args.num_workers}", *common]
+            sec, rss, pss, _ = run_measured(cmd, env)
+            n = count_records([out])
+            os.remove(out)
+            return {"seconds": sec, "instances": n, "instances_per_s": n / sec, "peak_rss_mb": rss / 2**20,
+                    "peak_pss_mb": pss / 2**20}
+
+        results["ours"] = ours(args.corpus, "ours")
+        print("ours:", json.dumps(results["ours"]), flush=True)
+
+        big = os.path.join(tmp, "big.txt")
+        with open(args.corpus, "rb") as src:
+            data = src.read()
+        with open(big, "wb") as f:
+            for _ in range(args.scale):
+                f.write(data)
+                f.write(b"\n\n")
+        results[f"ours_{args.scale}x"] = ours(big, "big")
+        print(f"ours {args.scale}x corpus:", json.dumps(results[f"ours_{args.scale}x"]), flush=True)
+        os.remove(big)
+
+        if not args.skip_port:
+            out = os.path.join(tmp, "port.tfrecord")
+            cmd = [sys.executable, "-m", "official.nlp.data.create_pretraining_data", f"--input_file={args.corpus}",
+                   f"--output_file={out}", *common]
+            sec, rss, pss, _ = run_measured(cmd, env)
+            n = count_records([out])
+            results["port"] = {"seconds": sec, "instances": n, "instances_per_s": n / sec,
+                               "peak_rss_mb": rss / 2**20, "peak_pss_mb": pss / 2**20}
+            print("tf-models port:", json.dumps(results["port"]), flush=True)
+            o, p = results["ours"], results["port"]
+            results["speedup"] = o["instances_per_s"] / p["instances_per_s"]
+            results["memory_ratio_rss"] = p["peak_rss_mb"] / o["peak_rss_mb"]
+            results["memory_ratio_pss"] = p["peak_pss_mb"] / o["peak_pss_mb"]
+        big_o = results[f"ours_{args.scale}x"]
+        results["memory_growth_10x_pss"] = big_o["peak_pss_mb"] / results["ours"]["peak_pss_mb"]
+
+    print()
+    print(f"{'tool':<22}{'instances':>10}{'seconds':>9}{'inst/s':>9}{'peak RSS MB':>13}{'peak PSS MB':>13}")
+    for key in ("ours", f"ours_{args.scale}x", "port"):
+        if key in results:
+            r = results[key]
+            print(f"{key:<22}{r['instances']:>10}{r['seconds']:>9.1f}{r['instances_per_s']:>9.0f}"
+                  f"{r['peak_rss_mb']:>13.0f}{r['peak_pss_mb']:>13.0f}")
+    if "speedup" in results:
+        print(f"throughput ours/port: {results['speedup']:.1f}x; peak memory port/ours: "
+              f"{results['memory_ratio_rss']:.1f}x (RSS), {results['memory_ratio_pss']:.1f}x (PSS)")
+    print(f"peak PSS on the {args.scale}x corpus / on the corpus: {results['memory_growth_10x_pss']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
