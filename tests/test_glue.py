@@ -234,3 +234,17 @@ def test_submission_and_result_files(tmp_path):
         glue.glue_submission_text(mnli, examples, [0])
     assert glue.test_results_text([[0.25, 0.75], [1.0, 0.0]]) == "0.25\t0.75\n1.0\t0.0\n"
     assert glue.eval_results_text({"eval_loss": 0.5, "eval_accuracy": 0.75}) == "eval_accuracy = 0.75\neval_loss = 0.5\n"
+
+
+def test_fast_batch_tokenizer_gives_the_same_features(tiny_tokenizer, tmp_path):
+    try:
+        from bert_tf.tokenization import FastTokenizer
+    except (ImportError, AttributeError):
+        pytest.skip("FastTokenizer not available")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+    fast = FastTokenizer(str(vocab), do_lower_case=True)
+    examples = [glue.InputExample("g0", "The cat sat, unwanted!", "How are you?", label="1"),
+                glue.InputExample("g1", "running dogs on the mat", "the", label="0")]
+    ours = glue.convert_examples_to_features(examples, ("0", "1"), 10, fast)
+    assert ours == glue.convert_examples_to_features(examples, ("0", "1"), 10, tiny_tokenizer)

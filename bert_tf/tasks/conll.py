@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, read_text
+from bert_tf.tasks.glue import tokens_to_ids
 
 DOCSTART = "-DOCSTART-"
 # The CoNLL-2003 tag set in IOB1 as distributed (B- only between two adjacent entities of one type).
@@ -151,7 +152,7 @@ def convert_examples_to_features(
                 end += 1
             tokens.append("[SEP]")
             label_ids.append(IGNORE_LABEL_ID)
-            input_ids = list(tokenizer.convert_tokens_to_ids(tokens))
+            input_ids = tokens_to_ids(tokenizer, tokens)
             input_mask = [1] * len(input_ids)
             segment_ids = [0] * len(input_ids)
             if pad_to_max_length:

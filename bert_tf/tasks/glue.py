@@ -405,6 +405,13 @@ def tokenize_all(tokenizer, texts: Sequence[str]) -> List[List[str]]:
     return [tokenizer.tokenize(t) for t in texts]
 
 
+def tokens_to_ids(tokenizer, tokens: Sequence[str]) -> List[int]:
+    """Vocabulary ids of `tokens`: `convert_tokens_to_ids`, or the `vocab` dict of tokenizers without it."""
+    if hasattr(tokenizer, "convert_tokens_to_ids"):
+        return list(tokenizer.convert_tokens_to_ids(tokens))
+    return [tokenizer.vocab[t] for t in tokens]
+
+
 def pair_to_ids(tokenizer, tokens_a: list, tokens_b: Optional[list], max_seq_length: int):
     """`[CLS] A [SEP] (B [SEP])` -> (input_ids, segment_ids), truncating to max_seq_length.
 
@@ -418,7 +425,7 @@ def pair_to_ids(tokenizer, tokens_a: list, tokens_b: Optional[list], max_seq_len
     if tokens_b is not None:
         tokens += tokens_b + ["[SEP]"]
         segment_ids += [1] * (len(tokens_b) + 1)
-    return tokenizer.convert_tokens_to_ids(tokens), segment_ids
+    return tokens_to_ids(tokenizer, tokens), segment_ids
 
 
 def convert_examples_to_features(
@@ -430,7 +437,7 @@ def convert_examples_to_features(
 ) -> List[InputFeatures]:
     """Examples -> features. `labels` None = regression (label_id is the float target).
 
-    tokenizer: anything with `tokenize` (or `tokenize_batch`) and `convert_tokens_to_ids`.
+    tokenizer: anything with `tokenize` (or `tokenize_batch`) and `convert_tokens_to_ids` (or `vocab`).
     Unpadded by default so the runner can batch by length; `pad_to_max_length` zero-pads
     every feature to `max_seq_length` (fixed shapes, TPU).
     """

@@ -33,7 +33,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from bert_tf.tasks import TaskDataError, read_text
-from bert_tf.tasks.glue import tokenize_all
+from bert_tf.tasks.glue import tokenize_all, tokens_to_ids
 
 # The original's defaults (run_squad.py flags).
 DEFAULT_MAX_SEQ_LENGTH = 384
@@ -300,7 +300,7 @@ def convert_examples_to_features(
                 segment_ids.append(1)
             tokens.append("[SEP]")
             segment_ids.append(1)
-            input_ids = tokenizer.convert_tokens_to_ids(tokens)
+            input_ids = tokens_to_ids(tokenizer, tokens)
             input_mask = [1] * len(input_ids)
             if pad_to_max_length:
                 pad = max_seq_length - len(input_ids)
