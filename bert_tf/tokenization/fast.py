@@ -1,0 +1,186 @@
+"""Fast batch tokenizer with exactly `FullTokenizer`'s output (REFERENCE.md §5).
+
+Why this is exact: after cleaning, every rule of the original works inside one
+whitespace-delimited word (lower-casing, NFD, dropping Mn, punctuation
+splitting, WordPiece), and the spaces put around CJK ideographs only cut words
+further. So a text's wordpieces are the concatenation of the wordpieces of its
+raw "chunks" - maximal runs of characters that are neither a word separator
+nor a CJK ideograph - each tokenized on its own by the original rules.
+
+Why this is fast: chunks are cut by C code (`str.split` for ASCII texts, one
+compiled regex otherwise), and a chunk's wordpieces are computed once by the
+original rules (`full.BasicTokenizer` + `full.WordpieceTokenizer`) and then
+looked up in a dict. Natural text repeats its chunks (Zipf), so almost every
+chunk is a dict hit and the per-text loop runs in C (`map` + `chain`).
+
+Compiled ops (tensorflow-text's FastBertTokenizer, Hugging Face `tokenizers`)
+were measured and are both slower here, once their output is turned back into
+Python lists, and not exact (see benchmarks/bench_tokenizers.py).
+
+Separators: a character splits words in the original iff it survives cleaning
+and is whitespace to `str.split`: " \\t\\n\\r", category Zs, and U+2028/U+2029
+(which are not Zs but survive cleaning, so `split()` cuts on them). The
+opposite trap: \\x0b \\x0c \\x1c-\\x1f \\x85 are whitespace to `str.split` but
+control characters the original deletes, so "a\\x0bb" is one word "ab"; they
+are removed before splitting.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import unicodedata
+from typing import Callable, Iterable, List, Optional, Tuple, Union
+
+from bert_tf.tokenization.full import (
+    CJK_RANGES,
+    BasicTokenizer,
+    WordpieceTokenizer,
+    convert_to_unicode,
+    is_control,
+    is_punctuation,
+    load_vocab,
+)
+
+# Chunks (and words) remembered per cache before that cache is emptied and
+# refilled; ~200 bytes each. Memory only: never changes results.
+DEFAULT_CACHE_SIZE = 1 << 19
+
+# Characters that `str.split()` / regex `\s` treat as whitespace (all are below U+3001).
+_PY_SPACES = [chr(cp) for cp in range(0x3001) if chr(cp).isspace()]
+# ... of which the original's cleaning deletes these (control characters),
+# so they must not separate words.
+_DROPPED_SPACES = "".join(c for c in _PY_SPACES if BasicTokenizer._clean_text(c) == "")
+_DROPPED_SPACES_RE = re.compile("[" + re.escape(_DROPPED_SPACES) + "]")
+_ASCII_DROPPED_SPACES_RE = re.compile("[" + re.escape("".join(c for c in _DROPPED_SPACES if c.isascii())) + "]")
+_CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
+# A chunk: a run of non-separator, non-CJK characters, or one CJK ideograph.
+_CHUNK_RE = re.compile(rf"[^\s{_CJK_CLASS}]+|[{_CJK_CLASS}]")
+
+# ASCII chunks: the original's rules reduce to deleting control characters,
+# str.lower() and cutting at ASCII punctuation (NFD leaves ASCII unchanged).
+_ASCII_DELETE = {cp: None for cp in range(128) if cp == 0 or is_control(chr(cp))}
+_ASCII_PUNCT = re.escape("".join(chr(cp) for cp in range(128) if is_punctuation(chr(cp))))
+_ASCII_WORD_RE = re.compile(f"[^{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]")
+
+
+def _char_class(predicate: Callable[[str], bool]) -> str:
+    """A regex character class body (ranges) of every code point where `predicate` holds."""
+    ranges: List[List[int]] = []
+    for cp in range(0x110000):
+        if predicate(chr(cp)):
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return "".join(re.escape(chr(lo)) + ("-" + re.escape(chr(hi)) if hi > lo else "") for lo, hi in ranges)
+
+
+@functools.lru_cache(maxsize=None)
+def _unicode_tables() -> Tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """(deleted-by-cleaning, Mn, word-or-punctuation) regexes from Python's unicodedata.
+
+    Built from the same predicates as the original, on first use (~0.5 s),
+    so they follow the running Python's Unicode version exactly as it does.
+    """
+    delete = _char_class(lambda c: ord(c) in (0, 0xFFFD) or is_control(c))
+    marks = _char_class(lambda c: unicodedata.category(c) == "Mn")
+    punct = _char_class(is_punctuation)
+    return (re.compile(f"[{delete}]"), re.compile(f"[{marks}]+"),
+            re.compile(f"[^{punct}]+|[{punct}]"))
+
+
+def _chunks(text: Union[str, bytes]) -> List[str]:
+    """The raw chunks of one text, in order (see the module docstring)."""
+    if not isinstance(text, str):
+        text = convert_to_unicode(text)
+    if text.isascii():  # O(1) for str: a flag CPython keeps
+        if _ASCII_DROPPED_SPACES_RE.search(text) is not None:
+            text = _ASCII_DROPPED_SPACES_RE.sub("", text)
+        return text.split()
+    if _DROPPED_SPACES_RE.search(text) is not None:
+        text = _DROPPED_SPACES_RE.sub("", text)
+    return _CHUNK_RE.findall(text)
+
+
+class _ChunkCache(dict):
+    """chunk -> tuple, computed on first use; emptied when it reaches `max_size`."""
+
+    def __init__(self, compute: Callable[[str], Tuple], max_size: int):
+        super().__init__()
+        self._compute = compute
+        self._max_size = max_size
+
+    def __missing__(self, chunk: str) -> Tuple:
+        value = self._compute(chunk)
+        if len(self) >= self._max_size:
+            self.clear()
+        self[chunk] = value
+        return value
+
+
+class FastTokenizer:
+    """Batch tokenizer giving exactly `FullTokenizer`'s wordpieces and ids.
+
+    Args:
+      vocab_file: one token per line, id = line number.
+      do_lower_case: lower-case the text (and, by default, strip accents).
+      strip_accents: drop combining marks after NFD. None follows
+        `do_lower_case` as the original; False with `do_lower_case=True`
+        lower-cases but keeps accents and Hangul syllables whole.
+      cache_size: chunks remembered per cache; memory only, never results.
+    """
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True, strip_accents: Optional[bool] = None,
+                 cache_size: int = DEFAULT_CACHE_SIZE):
+        self.vocab = load_vocab(vocab_file)
+        self.do_lower_case = do_lower_case
+        self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case, strip_accents=strip_accents)
+        self.wordpiece_tokenizer = WordpieceTokenizer(vocab=self.vocab)
+        self._words = _ChunkCache(self._chunk_words, cache_size)
+        self._word_pieces = _ChunkCache(lambda w: tuple(self.wordpiece_tokenizer.tokenize_word(w)), cache_size)
+        self._pieces = _ChunkCache(self._chunk_pieces, cache_size)
+        self._ids = _ChunkCache(lambda c: tuple([self.vocab[p] for p in self._pieces[c]]), cache_size)
+
+    def _chunk_words(self, chunk: str) -> Tuple[str, ...]:
+        """BasicTokenizer words of one chunk (no separators inside; CJK ideographs alone)."""
+        lower = self.basic_tokenizer.do_lower_case
+        if chunk.isascii():
+            if not chunk.isprintable():  # has an ASCII control character
+                chunk = chunk.translate(_ASCII_DELETE)
+            return tuple(_ASCII_WORD_RE.findall(chunk.lower() if lower else chunk))
+        delete_re, marks_re, word_re = _unicode_tables()
+        chunk = delete_re.sub("", chunk)
+        if lower:
+            # On the whole chunk, as the original: str.lower() looks at
+            # neighbours for a final sigma.
+            chunk = chunk.lower()
+        if self.basic_tokenizer.strip_accents:
+            chunk = marks_re.sub("", unicodedata.normalize("NFD", chunk))
+        return tuple(word_re.findall(chunk))
+
+    def _chunk_pieces(self, chunk: str) -> Tuple[str, ...]:
+        word_pieces = self._word_pieces
+        return tuple([piece for word in self._words[chunk] for piece in word_pieces[word]])
+
+    @staticmethod
+    def _run(cache: _ChunkCache, texts: Iterable[Union[str, bytes]]) -> List[list]:
+        lookup = cache.__getitem__
+        chain = itertools.chain.from_iterable
+        return [list(chain(map(lookup, _chunks(text)))) for text in texts]
+
+    def tokenize_batch(self, texts: Iterable[Union[str, bytes]]) -> List[List[str]]:
+        """Wordpieces of each text, as `FullTokenizer.tokenize`."""
+        return self._run(self._pieces, texts)
+
+    def encode_batch(self, texts: Iterable[Union[str, bytes]]) -> List[List[int]]:
+        """Vocab ids of each text's wordpieces."""
+        return self._run(self._ids, texts)
+
+    def basic_tokenize_batch(self, texts: Iterable[Union[str, bytes]]) -> List[List[str]]:
+        """Words after the BasicTokenizer rules, before WordPiece."""
+        return self._run(self._words, texts)
+
+    def tokenize(self, text: Union[str, bytes]) -> List[str]:
+        return self.tokenize_batch([text])[0]
