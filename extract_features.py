@@ -1,0 +1,80 @@
+"""Extracts fixed contextual token features from a pretrained BERT (the original's flags and JSONL output).
+
+  python extract_features.py --input_file=input.txt --output_file=output.jsonl \
+      --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
+      --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt --layers=-1,-2,-3,-4 --max_seq_length=128
+
+--init_checkpoint may be an original TF1 checkpoint, one of ours, or a Hugging Face folder
+(model.safetensors + config.json; then --bert_config_file and --vocab_file default to the folder's).
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("input_file", None, "One example per line; ' ||| ' separates a sentence pair.")
+flags.DEFINE_string("output_file", None, "JSONL output, one line per input line.")
+flags.DEFINE_string("layers", "-1,-2,-3,-4", "Comma-separated layer indexes (-1 = last layer).")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json of the pretrained model.")
+flags.DEFINE_integer("max_seq_length", 128, "Maximum total input length in WordPiece tokens (truncated beyond).")
+flags.DEFINE_string("init_checkpoint", None, "Pretrained weights: TF1 checkpoint, ours, or a Hugging Face folder.")
+flags.DEFINE_string("vocab_file", None, "The vocabulary file the model was trained with.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models).")
+flags.DEFINE_integer("batch_size", 32, "Batch size for predictions.")
+flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; ignored.")
+flags.DEFINE_string("master", None, "Accepted for compatibility; ignored.")
+flags.DEFINE_integer("num_tpu_cores", 8, "Accepted for compatibility; ignored.")
+flags.DEFINE_bool("use_one_hot_embeddings", False, "Accepted for compatibility; ignored.")
+flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
+
+
+def main(argv):
+    del argv
+    from bert_tf import checkpoints
+    from bert_tf.configs import BertConfig, ConfigError
+    from bert_tf.models import BertEncoder
+    from bert_tf.models.feature_extraction import extract_features, read_examples
+    from bert_tf.tokenization import FullTokenizer, VocabError
+
+    try:
+        layers = [int(x) for x in FLAGS.layers.split(",")]
+    except ValueError:
+        print(
+            f"extract_features.py: error: --layers={FLAGS.layers!r}: expected comma-separated integers", file=sys.stderr
+        )
+        sys.exit(1)
+    try:
+        fmt = checkpoints.detect_format(FLAGS.init_checkpoint)
+        folder = (
+            FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(FLAGS.init_checkpoint)
+        )
+        if FLAGS.bert_config_file:
+            config = BertConfig.from_json_file(FLAGS.bert_config_file)
+        elif fmt == "hf":
+            config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
+        else:
+            raise ConfigError("--bert_config_file is required for a TF1 or bert_tf checkpoint")
+        vocab_file = FLAGS.vocab_file or os.path.join(folder, "vocab.txt")
+        if FLAGS.max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings "
+                f"{config.max_position_embeddings} of the bert_config"
+            )
+        tokenizer = FullTokenizer(vocab_file, do_lower_case=FLAGS.do_lower_case)
+        encoder = BertEncoder(config)
+        checkpoints.load_pretrained(encoder, FLAGS.init_checkpoint, fmt)
+        examples = read_examples(FLAGS.input_file)
+        count = extract_features(
+            encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size
+        )
+    except (checkpoints.CheckpointError, ConfigError, VocabError, FileNotFoundError, ValueError) as e:
+        print(f"extract_features.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"wrote {count} lines to {FLAGS.output_file}")
+
+
+if __name__ == "__main__":
+    app.run(main)
