@@ -1,0 +1,134 @@
+"""Flags shared by the top-level scripts: one home for each, so every runner spells them alike.
+
+The original's names and meanings are kept (`use_tpu`, `tpu_name`,
+`iterations_per_loop`, ...); the additions follow its style. Only the
+top-level scripts import this module (the library never reads flags).
+"""
+
+import logging
+import sys
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+
+def define_tpu_and_strategy_flags():
+    flags.DEFINE_bool("use_tpu", False, "Whether to use TPU (same as --distribution_strategy=tpu).")
+    flags.DEFINE_string("tpu_name", None, "The Cloud TPU to use: a name, a grpc:// address, or 'local' on a TPU VM.")
+    flags.DEFINE_string("tpu_zone", None, "GCE zone of the Cloud TPU (found from metadata when not given).")
+    flags.DEFINE_string("gcp_project", None, "GCP project of the Cloud TPU (found from metadata when not given).")
+    flags.DEFINE_string("master", None, "[Original flag, unused in TF2] TensorFlow master URL; use --tpu_name.")
+    flags.DEFINE_integer("num_tpu_cores", 8, "[Original flag] Only for reporting; TPUStrategy finds the cores.")
+    flags.DEFINE_enum("distribution_strategy", "one_device", ["one_device", "mirrored", "multi_worker", "tpu"],
+                      "one_device (CPU or first GPU), mirrored (all local GPUs), multi_worker (TF_CONFIG), tpu.")
+    flags.DEFINE_enum("mixed_precision", "float32", ["float32", "bfloat16", "float16"],
+                      "Compute precision: bfloat16 on TPU and CPU, float16 (with loss scaling) on GPU.")
+    flags.DEFINE_bool("jit_compile", None, "XLA-compile the step. Default: on for TPU and GPU, off on CPU.")
+
+
+def define_optimizer_flags(learning_rate: float):
+    flags.DEFINE_float("learning_rate", learning_rate, "The peak learning rate for the optimizer.")
+    flags.DEFINE_enum("optimizer", "adamw", ["adamw", "lamb"], "adamw as the original; lamb for large batches.")
+    flags.DEFINE_float("weight_decay_rate", 0.01, "Decoupled weight decay (not on LayerNorm or biases).")
+    flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0 disables).")
+    flags.DEFINE_integer("gradient_accumulation_steps", 1, "Micro-batches summed per optimizer step.")
+    flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
+    flags.DEFINE_integer("iterations_per_loop", 1000, "How many steps to run per host call (and per log line).")
+    flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
+
+
+def strategy_name() -> str:
+    if FLAGS.use_tpu and FLAGS.distribution_strategy not in ("one_device", "tpu"):
+        fail(f"--use_tpu contradicts --distribution_strategy={FLAGS.distribution_strategy}")
+    return "tpu" if FLAGS.use_tpu else FLAGS.distribution_strategy
+
+
+def make_strategy():
+    """The tf.distribute strategy the flags ask for; a one-line exit when it cannot be built."""
+    from bert_tf.training.strategy import StrategyError, get_strategy
+
+    try:
+        return get_strategy(strategy_name(), tpu=FLAGS.tpu_name or FLAGS.master, tpu_zone=FLAGS.tpu_zone,
+                            gcp_project=FLAGS.gcp_project)
+    except StrategyError as e:
+        fail(str(e))
+
+
+def use_jit(strategy) -> bool:
+    """--jit_compile, or by default XLA on TPU/GPU and not on CPU (DESIGN.md: it does not pay on CPU)."""
+    if FLAGS.jit_compile is not None:
+        return FLAGS.jit_compile
+    import tensorflow as tf
+
+    return strategy_name() == "tpu" or bool(tf.config.list_logical_devices("GPU"))
+
+
+def fail(message: str):
+    """Exits with one line naming the problem (the house rule for bad input)."""
+    logging.getLogger("bert_tf").error(message)
+    sys.exit(f"error: {message}")
+
+
+def setup_logging():
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+
+
+def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e-5, train_batch_size: int = 32,
+                            eval_batch_size: int = 8, num_train_epochs: float = 3.0):
+    """The flags every fine-tuning runner shares, with the original run_classifier.py's names and defaults."""
+    flags.DEFINE_string("bert_config_file", None, "The bert_config.json of the pre-trained model (found beside "
+                        "--init_checkpoint when not given).")
+    flags.DEFINE_string("vocab_file", None, "The vocab.txt of the pre-trained model (found beside "
+                        "--init_checkpoint when not given).")
+    flags.DEFINE_string("output_dir", None, "Where the model checkpoints and outputs are written.")
+    flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
+                        "folder or .safetensors, or a bert_tf model directory / checkpoint.")
+    flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models, False for cased).")
+    flags.DEFINE_bool("allow_casing_mismatch", False, "Warn instead of failing when --do_lower_case disagrees "
+                      "with the checkpoint.")
+    flags.DEFINE_integer("max_seq_length", max_seq_length, "Maximum total input length in word pieces after "
+                         "tokenization; longer inputs are truncated, shorter ones padded.")
+    flags.DEFINE_bool("do_train", False, "Whether to run training.")
+    flags.DEFINE_bool("do_eval", False, "Whether to run eval on the dev set.")
+    flags.DEFINE_bool("do_predict", False, "Whether to run the model in inference mode on the test set.")
+    flags.DEFINE_integer("train_batch_size", train_batch_size, "Total batch size for training.")
+    flags.DEFINE_integer("eval_batch_size", eval_batch_size, "Total batch size for eval.")
+    flags.DEFINE_integer("predict_batch_size", eval_batch_size, "Total batch size for predict.")
+    flags.DEFINE_float("num_train_epochs", num_train_epochs, "Total number of training epochs to perform.")
+    flags.DEFINE_float("warmup_proportion", 0.1, "Proportion of training for linear learning rate warmup.")
+    flags.DEFINE_integer("eval_every_steps", 0, "Evaluate on dev every N steps during training and keep the "
+                         "best model in <output_dir>/best (0: only at the end).")
+    flags.DEFINE_integer("seed", 12345, "Random seed (head initialisation, dropout, shuffling).")
+    flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
+                      "example. Default: on, except on TPU (fixed shapes).")
+    define_tpu_and_strategy_flags()
+    define_optimizer_flags(learning_rate)
+
+
+def finetune_settings():
+    """Resolves the pretrained model and builds the RunSettings the fine-tuning flags describe."""
+    from bert_tf.configs import ConfigError
+    from bert_tf.finetuning import FinetuneError, check_lower_case, resolve_pretrained
+    from bert_tf.runners.common import RunSettings
+    from bert_tf.tokenization import VocabError
+
+    if not FLAGS.output_dir:
+        fail("--output_dir is required")
+    strategy = make_strategy()
+    try:
+        pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
+        check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
+    except (FinetuneError, ConfigError, VocabError, ValueError) as e:
+        fail(str(e))
+    dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else strategy_name() != "tpu"
+    return RunSettings(
+        pretrained=pretrained, strategy=strategy, learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer,
+        weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
+        jit_compile=use_jit(strategy), iterations_per_loop=FLAGS.iterations_per_loop,
+        save_checkpoints_steps=FLAGS.save_checkpoints_steps, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
+        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, seed=FLAGS.seed, dynamic_padding=dynamic)

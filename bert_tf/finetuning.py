@@ -1,0 +1,287 @@
+"""What every fine-tuning runner shares: where the pretrained model comes from, tf.data
+over featurized arrays (with length bucketing), batched prediction, and the
+model-directory files that travel with a fine-tuned model.
+
+A runner (run_classifier.py, run_squad.py, run_swag.py, run_ner.py) is:
+  pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
+  arrays = <task featurizer>(...)
+  trainer = Trainer(strategy, TrainConfig(...), model_fn, loss_fn, optimizer_fn,
+                    init_fn=pretrained.init_fn)
+  trainer.train(arrays_dataset_fn(arrays, training=True, ...))
+  outputs = predict(trainer.model, arrays, batch_size)
+  write_model_dir_files(output_dir, pretrained, info)
+
+Dimensions: N examples, S sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from bert_tf import checkpoints
+from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info, write_run_info, write_text_atomic
+from bert_tf.tokenization import FullTokenizer, VocabError, load_vocab
+
+logger = logging.getLogger("bert_tf.finetuning")
+
+# Batches are padded up to a multiple of this under dynamic padding: few distinct
+# shapes (fewer retraces) while short batches still skip most of the padding.
+PAD_TO_MULTIPLE = 16
+# Length buckets (in tokens) that group training examples of similar length.
+BUCKET_BOUNDARIES = (16, 32, 48, 64, 96, 128, 192, 256, 384)
+# Feature arrays whose last axis is the sequence axis (trimmed with dynamic padding).
+SEQUENCE_KEYS = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_mask")
+
+
+class FinetuneError(ValueError):
+    """A fine-tuning set-up that cannot work (paths, config, vocab)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """Where a fine-tuning run starts: config, vocab, and the weights to load (if any).
+
+    fmt: "tf1" (original bert_model.ckpt), "hf" (Hugging Face folder or
+    .safetensors), "ours" (a bert_tf checkpoint), or None (train from scratch).
+    do_lower_case: what the source records about casing, or None.
+    """
+
+    config: BertConfig
+    vocab_file: str
+    init_checkpoint: Optional[str]
+    fmt: Optional[str]
+    do_lower_case: Optional[bool]
+
+    def init_fn(self, model) -> None:
+        """Loads the pretrained encoder (and any matching heads) into a fresh task model."""
+        if not self.init_checkpoint:
+            logger.info("no init_checkpoint: training from random initialisation")
+            return
+        report = checkpoints.load_pretrained(model, self.init_checkpoint, self.fmt)
+        if report is not None:
+            logger.info("loaded %d variables from %s (%s); %d left freshly initialised: %s",
+                        len(report.loaded), self.init_checkpoint, self.fmt, len(report.missing),
+                        ", ".join(report.missing[:6]) + (" ..." if len(report.missing) > 6 else ""))
+        else:
+            logger.info("loaded %s (%s)", self.init_checkpoint, self.fmt)
+
+    def tokenizer(self, do_lower_case: bool) -> FullTokenizer:
+        return FullTokenizer(self.vocab_file, do_lower_case=do_lower_case)
+
+
+def _hf_lower_case(folder: str) -> Optional[bool]:
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        value = json.load(f).get("do_lower_case")
+    return None if value is None else bool(value)
+
+
+def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optional[str] = None,
+                       vocab_file: Optional[str] = None) -> Pretrained:
+    """Finds config, vocab and format for `init_checkpoint`, which may be:
+
+    - an original TF1 prefix (`.../bert_model.ckpt`): needs `bert_config_file` unless a
+      `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
+    - a Hugging Face folder (config.json, model.safetensors, vocab.txt) or .safetensors file;
+    - a bert_tf model directory (its latest `ckpt-N`, bert_config.json, vocab.txt,
+      bert_tf_info.json), or one checkpoint prefix in it;
+    - empty: train from scratch with `bert_config_file` and `vocab_file`.
+    Flags given explicitly win over files found beside the checkpoint.
+    """
+    fmt = None
+    do_lower_case = None
+    folder = None
+    if init_checkpoint:
+        if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
+            latest = tf.train.latest_checkpoint(init_checkpoint)
+            if latest is None:
+                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no ckpt-N, no model.safetensors)")
+            folder, init_checkpoint = init_checkpoint, latest
+        try:
+            fmt = checkpoints.detect_format(init_checkpoint)
+        except (checkpoints.CheckpointError, tf.errors.OpError, ValueError) as e:
+            raise FinetuneError(f"{init_checkpoint}: not a readable checkpoint ({str(e).splitlines()[0]})") from None
+        if folder is None:
+            folder = init_checkpoint if os.path.isdir(init_checkpoint) else os.path.dirname(init_checkpoint)
+        info = read_run_info(folder)
+        if "do_lower_case" in info:
+            do_lower_case = bool(info["do_lower_case"])
+        elif fmt == "hf":
+            do_lower_case = _hf_lower_case(folder)
+
+    if bert_config_file:
+        config = BertConfig.from_json_file(bert_config_file)
+    elif folder and os.path.exists(os.path.join(folder, "bert_config.json")):
+        config = BertConfig.from_json_file(os.path.join(folder, "bert_config.json"))
+    elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
+        config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
+    else:
+        raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
+
+    if not vocab_file:
+        candidate = os.path.join(folder, "vocab.txt") if folder else None
+        if not candidate or not os.path.exists(candidate):
+            raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
+        vocab_file = candidate
+    vocab_size = len(load_vocab(vocab_file))
+    if vocab_size > config.vocab_size:
+        raise FinetuneError(
+            f"{vocab_file}: {vocab_size} tokens but the model's vocab_size is {config.vocab_size}; "
+            "this vocab does not belong to this model"
+        )
+    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case)
+
+
+def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:
+    """One clear error when --do_lower_case disagrees with what the checkpoint records or its name says."""
+    if pretrained.do_lower_case is not None and pretrained.do_lower_case != bool(do_lower_case):
+        msg = (f"do_lower_case={bool(do_lower_case)} but {pretrained.init_checkpoint} was trained with "
+               f"do_lower_case={pretrained.do_lower_case}")
+        if not allow_mismatch:
+            raise FinetuneError(msg + f"; pass --do_lower_case={pretrained.do_lower_case}")
+        logger.warning(msg)
+        return
+    if pretrained.init_checkpoint:
+        warning = check_casing(do_lower_case, pretrained.init_checkpoint, allow_mismatch=allow_mismatch)
+        if warning:
+            logger.warning(warning)
+
+
+# ------------------------------------------------------------------ tf.data over arrays
+def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE) -> Dict[str, tf.Tensor]:
+    """Cuts the sequence axis of a padded batch to its longest example (rounded up to `multiple`)."""
+    mask = batch["input_mask"]
+    longest = tf.reduce_max(tf.reduce_sum(tf.cast(mask, tf.int32), axis=-1))
+    full = tf.shape(mask)[-1]
+    length = tf.minimum(full, (longest + multiple - 1) // multiple * multiple)
+    return {k: (v[..., :length] if k in SEQUENCE_KEYS else v) for k, v in batch.items()}
+
+
+def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed: int = 12345,
+                      dynamic_padding: bool = True, bucket_by_length: bool = True) -> Callable:
+    """dataset_fn(input_context, batch_size) for the Trainer over in-memory feature arrays.
+
+    Training repeats and shuffles; with `dynamic_padding` each batch is cut to its
+    longest example, and `bucket_by_length` groups examples of similar length so
+    short sentences do not pay for `max_seq_length` (keep both off on TPU, which
+    wants fixed shapes). Evaluation keeps the order and the last partial batch.
+    """
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    n = len(arrays["input_ids"])
+
+    def dataset_fn(ctx: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices(arrays)
+        if ctx.num_input_pipelines > 1:
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        if training:
+            ds = ds.shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=True).repeat()
+            if dynamic_padding and bucket_by_length:
+                seq = arrays["input_ids"].shape[-1]
+                bounds = [b for b in BUCKET_BOUNDARIES if b < seq]
+
+                def length(x):
+                    # Multiple choice: [C, S]; the longest choice decides.
+                    return tf.reduce_max(tf.reduce_sum(tf.cast(x["input_mask"], tf.int32), axis=-1))
+
+                ds = ds.bucket_by_sequence_length(length, bounds, [batch_size] * (len(bounds) + 1),
+                                                  drop_remainder=True)
+            else:
+                ds = ds.batch(batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(batch_size)
+        if dynamic_padding:
+            ds = ds.map(trim_padding, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def predict(model, arrays: Mapping[str, np.ndarray], batch_size: int, *, sequence_outputs: bool = False,
+            input_keys: Sequence[str] = ("input_ids", "input_mask", "segment_ids"), dynamic_padding: bool = True):
+    """Runs `model` over all examples in order; returns its outputs as numpy, concatenated over N.
+
+    Examples are sorted by length first (then put back in order), so with dynamic
+    padding each batch is about as long as its own examples. `sequence_outputs`:
+    the outputs are per token ([B, S, ...], e.g. span logits, tags); they are
+    padded back to the full S with -10000 (never picked by an argmax).
+    """
+    inputs = {k: np.asarray(arrays[k]) for k in input_keys}
+    n = len(inputs["input_ids"])
+    full = inputs["input_ids"].shape[-1]
+    lengths = inputs["input_mask"].reshape(n, -1).sum(axis=-1)
+    order = np.argsort(-lengths, kind="stable") if dynamic_padding else np.arange(n)
+
+    @tf.function(reduce_retracing=True)
+    def forward(batch):
+        return model(batch, training=False)
+
+    def to_full(t):
+        t = t.numpy()
+        if sequence_outputs and t.shape[1] < full:
+            t = np.pad(t, [(0, 0), (0, full - t.shape[1])] + [(0, 0)] * (t.ndim - 2), constant_values=-1e4)
+        return t
+
+    chunks = []
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        batch = {k: tf.constant(v[idx]) for k, v in inputs.items()}
+        if dynamic_padding:
+            batch = trim_padding(batch)
+        chunks.append(tf.nest.map_structure(to_full, forward(batch)))
+    if not chunks:
+        raise FinetuneError("nothing to predict: no examples")
+    joined = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(n)
+    return tf.nest.map_structure(lambda a: a[inverse], joined)
+
+
+# ------------------------------------------------------------------ model directory
+def write_model_dir_files(output_dir: str, pretrained: Pretrained, *, do_lower_case: bool, max_seq_length: int,
+                          task_type: str, **info) -> None:
+    """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (the export reads them)."""
+    tf.io.gfile.makedirs(output_dir)
+    pretrained.config.to_json_file(os.path.join(output_dir, "bert_config.json"))
+    vocab_out = os.path.join(output_dir, "vocab.txt")
+    if os.path.abspath(pretrained.vocab_file) != os.path.abspath(vocab_out):
+        with tf.io.gfile.GFile(pretrained.vocab_file, "r") as f:
+            write_text_atomic(vocab_out, f.read())
+    write_run_info(output_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length),
+                   task_type=task_type, **info)
+
+
+def check_output_dir_matches(output_dir: str, task_type: str, **expected) -> None:
+    """Refuses to resume into an output_dir that holds a different task's checkpoints."""
+    info = read_run_info(output_dir)
+    if not info or not tf.train.latest_checkpoint(output_dir):
+        return
+    wanted = dict(task_type=task_type, **expected)
+    for key, value in wanted.items():
+        if key in info and info[key] != value:
+            raise FinetuneError(
+                f"{output_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir"
+            )
+
+
+__all__ = [
+    "ConfigError",
+    "FinetuneError",
+    "Pretrained",
+    "VocabError",
+    "arrays_dataset_fn",
+    "check_lower_case",
+    "check_output_dir_matches",
+    "predict",
+    "resolve_pretrained",
+    "trim_padding",
+    "write_model_dir_files",
+]

@@ -1,0 +1,70 @@
+"""BERT fine-tuning for sentence(-pair) classification and regression.
+
+Every GLUE task (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI, AX), XNLI,
+and your own TSV/CSV (`--task_name=user` with the column flags). Writes the
+original's eval_results.txt and test_results.tsv, and GLUE submission files.
+
+  python run_classifier.py --task_name=MRPC --data_dir=glue/MRPC \
+    --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
+    --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
+    --vocab_file=uncased_L-12_H-768_A-12/vocab.txt \
+    --do_train --do_eval --output_dir=/tmp/mrpc
+"""
+
+from absl import app, flags
+
+import bert_flags
+from bert_flags import FLAGS, fail
+
+flags.DEFINE_string("data_dir", None, "The folder with the task's .tsv (or .csv) files.")
+flags.DEFINE_string("task_name", None, "GLUE task (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI, AX), "
+                    "XNLI, or 'user' for your own files.")
+flags.DEFINE_string("xnli_language", "zh", "XNLI: the language to train and evaluate on.")
+flags.DEFINE_enum("file_format", "tsv", ["tsv", "csv"], "--task_name=user: train/dev/test.<file_format> "
+                  "with a header row.")
+flags.DEFINE_string("text_a_column", "sentence", "--task_name=user: the header of the first text column.")
+flags.DEFINE_string("text_b_column", None, "--task_name=user: the header of the second text column (pairs).")
+flags.DEFINE_string("label_column", "label", "--task_name=user: the header of the label column.")
+flags.DEFINE_string("index_column", None, "--task_name=user: the header of the id column of the test file.")
+flags.DEFINE_list("labels", None, "--task_name=user: the label set in id order (default: read from train).")
+flags.DEFINE_bool("regression", False, "--task_name=user: the label is a number (Pearson/Spearman).")
+bert_flags.define_finetuning_flags()
+
+
+def main(_):
+    bert_flags.setup_logging()
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.runners.classifier import ClassifierRunConfig, run
+    from bert_tf.tasks import TaskDataError, glue
+
+    if not FLAGS.task_name or not FLAGS.data_dir:
+        fail("--task_name and --data_dir are required")
+    try:
+        if FLAGS.task_name.lower() == "user":
+            task = glue.user_task(FLAGS.text_a_column, FLAGS.label_column, FLAGS.text_b_column,
+                                  labels=FLAGS.labels, regression=FLAGS.regression, index=FLAGS.index_column,
+                                  file_format=FLAGS.file_format)
+        else:
+            task = glue.get_task(FLAGS.task_name, xnli_language=FLAGS.xnli_language)
+    except ValueError as e:
+        fail(str(e))
+    settings = bert_flags.finetune_settings()
+    cfg = ClassifierRunConfig(
+        task=task, data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir, run=settings,
+        max_seq_length=FLAGS.max_seq_length, do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train,
+        do_eval=FLAGS.do_eval, do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size,
+        eval_batch_size=FLAGS.eval_batch_size, predict_batch_size=FLAGS.predict_batch_size,
+        num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
+        eval_every_steps=FLAGS.eval_every_steps)
+    try:
+        results = run(cfg)
+    except (FinetuneError, TaskDataError, ValueError) as e:
+        fail(str(e))
+    for split, split_results in results.items():
+        print(f"***** Eval results ({split}) *****")
+        for key in sorted(split_results):
+            print(f"  {key} = {split_results[key]}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,107 @@
+"""run_classifier.py end to end on tiny models: files, metrics, learning, GLUE layouts, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, TESTDATA, TINY_VOCAB, shared_path
+
+TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
+DATA = TESTDATA / "classifier"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_model")
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
+    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
+    return folder
+
+
+def run_classifier(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, str(REPO / "run_classifier.py"), *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=600)
+
+
+def user_task_args(model, output_dir, *extra):
+    return ["--task_name=user", f"--data_dir={DATA}", "--index_column=id", f"--vocab_file={model / 'vocab.txt'}",
+            f"--bert_config_file={model / 'bert_config.json'}", f"--output_dir={output_dir}", "--max_seq_length=32",
+            "--train_batch_size=8", "--eval_batch_size=8", *extra]
+
+
+def test_train_eval_predict_learns_and_writes_original_files(tiny_model_files, tmp_path):
+    out = tmp_path / "out"
+    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train", "--do_eval", "--do_predict",
+                                            "--num_train_epochs=4", "--learning_rate=1e-3",
+                                            "--iterations_per_loop=6", "--eval_every_steps=12"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert set(results) == {"eval_accuracy", "eval_loss", "global_step"}
+    assert int(results["global_step"]) == 24  # 48 examples / 8 * 4 epochs
+    # The two classes are separable by vocabulary: a working fine-tune gets them right.
+    assert float(results["eval_accuracy"]) >= 0.9, results
+    probabilities = np.loadtxt(out / "test_results.tsv", delimiter="\t")
+    assert probabilities.shape == (6, 2)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    submission = (out / "user.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction" and len(submission) == 7
+    assert {line.split("\t")[1] for line in submission[1:]} <= {"no", "yes"}
+    info = json.loads((out / "bert_tf_info.json").read_text())
+    assert info["label_list"] == ["no", "yes"] and info["task_type"] == "classification"
+    assert info["max_seq_length"] == 32 and info["do_lower_case"] is True
+    # The best model by dev accuracy is kept as a complete model directory.
+    best = out / "best"
+    assert (best / "checkpoint").exists() and (best / "bert_config.json").exists()
+    assert "eval_accuracy" in (best / "best_eval_results.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--task_name=NOPE"], "unknown task_name"),
+        (["--data_dir=/nonexistent/folder"], "/nonexistent/folder/train.tsv: cannot read file"),
+        (["--labels=yes"], "unknown label 'no'"),
+        (["--vocab_file=/nonexistent/vocab.txt"], "vocab file not found"),
+        (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model_files, tmp_path, extra, message):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train"), *extra)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert message in last and last.startswith("error: "), result.stderr[-2000:]
+    assert (out / "keep.txt").read_text() == "precious"
+    assert not (out / "eval_results.txt").exists()
+
+
+def test_no_action_flag(tiny_model_files, tmp_path):
+    result = run_classifier(*user_task_args(tiny_model_files, tmp_path / "out"))
+    assert result.returncode != 0 and "at least one of --do_train" in result.stderr
+
+
+@pytest.mark.parametrize("task, keys", [("MRPC", {"eval_accuracy", "eval_f1", "eval_acc_and_f1"}),
+                                         ("STS-B", {"eval_pearson", "eval_spearman", "eval_corr"}),
+                                         ("CoLA", {"eval_mcc", "eval_accuracy"})])
+def test_glue_real_layouts_eval_and_predict(tiny_model_files, tmp_path, task, keys):
+    data_dir = shared_path("fixtures", "glue", task)
+    out = tmp_path / "out"
+    has_test = (data_dir / "test.tsv").exists()  # the MRPC sample has no test file
+    args = user_task_args(tiny_model_files, out, "--do_eval", *(["--do_predict"] if has_test else []))
+    args = [a for a in args if not a.startswith(("--task_name", "--data_dir", "--index_column"))]
+    result = run_classifier(f"--task_name={task}", f"--data_dir={data_dir}", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert keys | {"eval_loss", "global_step"} == set(results)
+    if not has_test:
+        return
+    submission = (out / f"{task}.tsv").read_text().splitlines()
+    test_rows = len((data_dir / "test.tsv").read_text(encoding="utf-8-sig").strip().splitlines()) - 1
+    assert submission[0] == "index\tprediction" and len(submission) == test_rows + 1
