@@ -159,7 +159,7 @@ def main() -> None:
     rows = []  # (name, seconds for wordpieces, seconds for ids, differs)
 
     def differs(pieces) -> float:
-        return sum(a != b for a, b in zip(pieces, reference)) / len(reference)
+        return sum(a != b for a, b in zip(pieces, reference, strict=True)) / len(reference)
 
     rows.append(("FullTokenizer (pure Python)", t_full, None, 0.0))
 
@@ -207,7 +207,7 @@ def main() -> None:
         rate_ids, ratio_ids = cell(seconds_ids, rust_ids)
         print(f"| {name} | {rate} | {ratio} | {rate_ids} | {ratio_ids} | {diff:.4%} |")
 
-    examples = [t for t, a, b in zip(texts, single["pieces"], reference) if a != b][:3]
+    examples = [t for t, a, b in zip(texts, single["pieces"], reference, strict=True) if a != b][:3]
     for text in examples:
         print(f"\nHF differs on: {text[:120]!r}")
 

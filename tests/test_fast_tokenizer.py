@@ -93,6 +93,14 @@ def test_tiny_cache_gives_the_same_answers(tiny_vocab_file):
     assert len(fast._pieces) <= 2
 
 
+def test_full_tokenizer_interface(tiny_vocab_file):
+    full, fast = _tokenizer_pair(tiny_vocab_file, True, None)
+    assert fast.vocab == full.vocab and fast.inv_vocab == full.inv_vocab
+    ids = fast.encode_batch(["The cat sat on the mat."])[0]
+    assert fast.convert_ids_to_tokens(ids) == fast.tokenize("The cat sat on the mat.")
+    assert fast.convert_tokens_to_ids(fast.convert_ids_to_tokens(ids)) == ids
+
+
 def test_returned_lists_are_fresh(tiny_vocab_file):
     fast = FastTokenizer(tiny_vocab_file)
     first = fast.tokenize_batch(["the cat"])[0]

@@ -137,6 +137,7 @@ class FastTokenizer:
         self.vocab = load_vocab(vocab_file)
         self.do_lower_case = do_lower_case
         self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case, strip_accents=strip_accents)
+        self.inv_vocab = {v: k for k, v in self.vocab.items()}
         self.wordpiece_tokenizer = WordpieceTokenizer(vocab=self.vocab)
         self._words = _ChunkCache(self._chunk_words, cache_size)
         self._word_pieces = _ChunkCache(lambda w: tuple(self.wordpiece_tokenizer.tokenize_word(w)), cache_size)
@@ -184,3 +185,10 @@ class FastTokenizer:
 
     def tokenize(self, text: Union[str, bytes]) -> List[str]:
         return self.tokenize_batch([text])[0]
+
+    # The rest of FullTokenizer's interface, so either can be passed around.
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> List[int]:
+        return [self.vocab[t] for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> List[str]:
+        return [self.inv_vocab[i] for i in ids]
