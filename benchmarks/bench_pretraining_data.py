@@ -70,6 +70,34 @@ def count_records(paths):
     return sum(1 for p in paths for _ in schema.read_records(p))
 
 
+def record_statistics(path, vocab_file, max_seq_length=128, max_predictions_per_seq=20):
+    """The statistics the original's procedure fixes, measured on an output file (to compare the tools)."""
+    import numpy as np
+    import tensorflow as tf
+
+    sys.path.insert(0, str(REPO))
+    from bert_tf.data import schema
+
+    with open(vocab_file, encoding="utf-8") as f:
+        mask_id = [line.strip() for line in f].index("[MASK]")
+    cols = {k: [] for k in ("input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
+                            "next_sentence_labels")}
+    ds = tf.data.TFRecordDataset(path).batch(4096).map(
+        lambda x: schema.parse_pretraining_example(x, max_seq_length, max_predictions_per_seq))
+    for batch in ds:
+        for k in cols:
+            cols[k].append(batch[k].numpy())
+    c = {k: np.concatenate(v) for k, v in cols.items()}
+    n = c["input_mask"].sum(1)
+    valid = c["masked_lm_weights"] > 0
+    rows = np.nonzero(valid)[0]
+    now = c["input_ids"][rows, c["masked_lm_positions"][valid]]
+    return {"tokens_per_instance": float(n.mean()), "full_length_fraction": float((n == max_seq_length).mean()),
+            "predicted_fraction": float(valid.sum() / n.sum()), "mask_fraction": float((now == mask_id).mean()),
+            "kept_fraction": float((now == c["masked_lm_ids"][valid]).mean()),
+            "random_next_fraction": float(c["next_sentence_labels"].mean())}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(SHARED / "corpora" / "kjv_pretraining.txt"))
@@ -87,6 +115,7 @@ def main():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
     results = {"cores": os.cpu_count(), "corpus": args.corpus, "corpus_bytes": os.path.getsize(args.corpus),
                "dupe_factor": args.dupe_factor}
+    stats = {}
     with tempfile.TemporaryDirectory() as tmp:
         def ours(corpus, name):
             out = os.path.join(tmp, f"{name}.tfrecord")
@@ -94,6 +123,8 @@ def main():
                    f"--output_file={out}", f"--num_workers={args.num_workers}", *common]
             sec, rss, pss, _ = run_measured(cmd, env)
             n = count_records([out])
+            if name == "ours":
+                stats["ours"] = record_statistics(out, args.vocab)
             os.remove(out)
             return {"seconds": sec, "instances": n, "instances_per_s": n / sec, "peak_rss_mb": rss / 2**20,
                     "peak_pss_mb": pss / 2**20}
@@ -118,6 +149,7 @@ def main():
                    f"--output_file={out}", *common]
             sec, rss, pss, _ = run_measured(cmd, env)
             n = count_records([out])
+            stats["port"] = record_statistics(out, args.vocab)
             results["port"] = {"seconds": sec, "instances": n, "instances_per_s": n / sec,
                                "peak_rss_mb": rss / 2**20, "peak_pss_mb": pss / 2**20}
             print("tf-models port:", json.dumps(results["port"]), flush=True)
@@ -139,6 +171,12 @@ def main():
         print(f"throughput ours/port: {results['speedup']:.1f}x; peak memory port/ours: "
               f"{results['memory_ratio_rss']:.1f}x (RSS), {results['memory_ratio_pss']:.1f}x (PSS)")
     print(f"peak PSS on the {args.scale}x corpus / on the corpus: {results['memory_growth_10x_pss']:.2f}")
+    results["statistics"] = stats
+    if stats:
+        print()
+        print(f"{'statistic':<24}" + "".join(f"{k:>10}" for k in stats))
+        for key in next(iter(stats.values())):
+            print(f"{key:<24}" + "".join(f"{v[key]:>10.4f}" for v in stats.values()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -368,3 +368,51 @@ def test_script_end_to_end(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() == (data_dir / "out.tfrecord").read_bytes()
     assert "instances/s" in proc.stderr
+
+
+def _reference_pairs(docs, d, max_seq, short_prob, rng):
+    """REFERENCE.md §6 written plainly on lists of token lists (pool = all documents)."""
+    doc, max_tokens = docs[d], max_seq - 3
+    target = rng.randint(2, max_tokens) if rng.random() < short_prob else max_tokens
+    out, chunk, length, i = [], [], 0, 0
+    while i < len(doc):
+        chunk.append(doc[i])
+        length += len(doc[i])
+        if i == len(doc) - 1 or length >= target:
+            a_end = 1 if len(chunk) < 2 else rng.randint(1, len(chunk) - 1)
+            a = [t for s in chunk[:a_end] for t in s]
+            if len(chunk) == 1 or rng.random() < 0.5:
+                for _ in range(10):
+                    other = rng.randint(0, len(docs) - 1)
+                    if other != d:
+                        break
+                b = []
+                for sentence in docs[other][rng.randint(0, len(docs[other]) - 1):]:
+                    b.extend(sentence)
+                    if len(b) >= target - len(a):
+                        break
+                i -= len(chunk) - a_end
+                is_random = 1
+            else:
+                b, is_random = [t for s in chunk[a_end:] for t in s], 0
+            while len(a) + len(b) > max_tokens:
+                longer = a if len(a) > len(b) else b
+                longer.pop(0) if rng.random() < 0.5 else longer.pop()
+            out.append((a, b, is_random))
+            chunk, length = [], 0
+        i += 1
+    return out
+
+
+def test_pairs_are_the_original_procedure_draw_for_draw():
+    # Same rng, same draws: our span arithmetic must give exactly the plain list version's pairs.
+    rng = random.Random(11)
+    docs = [[[rng.randint(5, 90) for _ in range(rng.randint(1, 40))] for _ in range(rng.randint(1, 15))]
+            for _ in range(300)]
+    block = pretraining.build_block(docs)
+    for max_seq in (16, 64):
+        ours_rng, ref_rng = random.Random(max_seq), random.Random(max_seq)
+        for d in range(len(docs)):
+            ours = [(block.tokens[a0:a1].tolist(), block.tokens[b0:b1].tolist(), r)
+                    for a0, a1, b0, b1, r in pretraining.document_pairs(block, d, max_seq, 0.3, ours_rng)]
+            assert ours == _reference_pairs(docs, d, max_seq, 0.3, ref_rng)
