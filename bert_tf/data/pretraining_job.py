@@ -105,6 +105,7 @@ def make_tokenizer(vocab_file: str, vocab: Dict[str, int], do_lower_case: bool, 
     The tokenizers' constructors read the vocab through `load_vocab`, which
     imports TensorFlow (~800 MB per process). For local files we hand them the
     vocab we already read (same rules) so no worker pays for TensorFlow.
+    TODO: drop the swap once `load_vocab` imports TensorFlow only for remote paths.
     """
     import importlib
 
