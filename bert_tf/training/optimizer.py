@@ -124,37 +124,52 @@ class _SlotOptimizer(tf.Module):
     def current_learning_rate(self) -> tf.Tensor:
         return self.learning_rate(self.iterations)
 
-    def apply_gradients(self, grads) -> None:
+    def apply_gradients(self, grads, apply=None) -> None:
         """Applies one update; `grads` align with the constructor's variables.
 
         In a replica context (inside `strategy.run`) the grads must already be
         all-reduced: every replica then writes the same values to its copy.
+        `apply` (bool scalar, optional) skips the update when False (float16
+        loss scaling found non-finite gradients); the step still counts.
         """
         lr = self.current_learning_rate()
+        if apply is not None:
+            apply = tf.convert_to_tensor(apply)
+            grads = [tf.where(apply, g, tf.zeros_like(g)) for g in grads]
         ctx = tf.distribute.get_replica_context()
         if ctx is not None and tf.distribute.has_strategy():
-            ctx.merge_call(self._distributed_apply, args=(grads, lr))
+            ctx.merge_call(self._distributed_apply, args=(grads, lr, apply))
         else:
-            self._apply_all(grads, lr)
+            self._apply_all(grads, lr, apply)
 
-    def _distributed_apply(self, strategy, grads, lr):
+    def _distributed_apply(self, strategy, grads, lr, apply):
         ops = []
         for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
             var = v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
             slots = [self.slots[s][i] for s in self.slot_names]
             ops.append(
-                strategy.extended.update(var, self._update_one, args=(g, lr, self._decay[i], *slots), group=False)
+                strategy.extended.update(var, self._update, args=(g, lr, apply, self._decay[i], *slots), group=False)
             )
         with tf.control_dependencies(tf.nest.flatten(ops)):
             strategy.extended.update(self.iterations, lambda it: it.assign_add(1), group=False)
 
-    def _apply_all(self, grads, lr):
+    def _apply_all(self, grads, lr, apply):
         for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
             slots = [self.slots[s][i] for s in self.slot_names]
-            self._update_one(v, g, lr, self._decay[i], *slots)
+            self._update(v, g, lr, apply, self._decay[i], *slots)
         self.iterations.assign_add(1)
 
-    def _update_one(self, var, grad, lr, decay, *slots):
+    def _update(self, var, grad, lr, apply, decay, *slots):
+        new_var, new_slots = self._compute_update(var, tf.cast(grad, tf.float32), lr, decay, *slots)
+        if apply is not None:
+            new_var = tf.where(apply, new_var, var)
+            new_slots = [tf.where(apply, n, s) for n, s in zip(new_slots, slots, strict=True)]
+        for slot, value in zip(slots, new_slots, strict=True):
+            slot.assign(value)
+        return var.assign(new_var)
+
+    def _compute_update(self, var, grad, lr, decay, *slots):
+        """-> (new value of var, new values of the slots); float32 grad."""
         raise NotImplementedError
 
 
@@ -177,16 +192,13 @@ class AdamWeightDecay(_SlotOptimizer):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
 
-    def _update_one(self, var, grad, lr, decay, m, v):
-        grad = tf.cast(grad, tf.float32)
+    def _compute_update(self, var, grad, lr, decay, m, v):
         next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
         next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
         update = next_m / (tf.sqrt(next_v) + self.epsilon)
         if decay:
             update += self.weight_decay_rate * var
-        m.assign(next_m)
-        v.assign(next_v)
-        return var.assign_sub(tf.cast(lr, var.dtype) * update)
+        return var - tf.cast(lr, var.dtype) * update, (next_m, next_v)
 
 
 class Lamb(_SlotOptimizer):
@@ -213,8 +225,7 @@ class Lamb(_SlotOptimizer):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
 
-    def _update_one(self, var, grad, lr, decay, m, v):
-        grad = tf.cast(grad, tf.float32)
+    def _compute_update(self, var, grad, lr, decay, m, v):
         t = tf.cast(self.iterations + 1, tf.float32)
         next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
         next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
@@ -227,9 +238,7 @@ class Lamb(_SlotOptimizer):
             w_norm = tf.norm(var)
             u_norm = tf.norm(update)
             ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
-        m.assign(next_m)
-        v.assign(next_v)
-        return var.assign_sub(tf.cast(lr * ratio, var.dtype) * update)
+        return var - tf.cast(lr * ratio, var.dtype) * update, (next_m, next_v)
 
 
 def create_optimizer(

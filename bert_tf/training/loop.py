@@ -1,0 +1,514 @@
+"""A reusable custom training loop on `tf.distribute` (pretraining and every fine-tuning runner).
+
+The pieces a task brings:
+  model_fn()                       -> keras.Model, built (variables exist) on return
+  loss_fn(model, batch, training)  -> (loss float32 scalar, {name: value or (value, weight)})
+  dataset_fn(input_context, batch_size) -> tf.data.Dataset of per-replica batches
+                                      of `batch_size` examples, already sharded
+                                      for `input_context` (see bert_tf.data.pipelines)
+
+What the loop does with them (DESIGN.md, "Decisions"):
+  * `steps_per_loop` steps per host call: one `tf.function` runs a `tf.range`
+    loop of `strategy.run(step)`; the per-replica forward/backward can be
+    XLA-compiled (`jit_compile`).
+  * Gradients: per-replica grads / replicas, summed across replicas once,
+    clipped by global norm, then the optimizer (`bert_tf.training.optimizer`)
+    applies them. `gradient_accumulation_steps` micro-batches are summed before
+    that one all-reduce, so the global batch is the same for any k.
+  * Mixed precision: Keras dtype policy `mixed_bfloat16` / `mixed_float16`
+    (variables float32); float16 adds dynamic loss scaling.
+  * Checkpoints (`tf.train.CheckpointManager`) every `save_checkpoints_steps`
+    hold the model, optimizer slots, step and, where the strategy allows, the
+    input pipeline position, so a resumed run continues exactly. SIGTERM saves
+    one and exits; a non-finite loss stops without saving.
+  * TensorBoard summaries under model_dir/train and model_dir/eval; one log
+    line per loop with step, loss, examples/s and ETA.
+
+A metric given as `(value, weight)` is averaged with those weights over all
+batches (e.g. MLM accuracy weighted by the number of real predictions, as the
+original's tf.metrics.accuracy); a bare value counts each batch equally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import signal
+import time
+from typing import Callable, Dict, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from bert_tf.training import optimizer as optimizer_lib
+from bert_tf.training import strategy as strategy_lib
+
+logger = logging.getLogger("bert_tf.training")
+
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+# Dynamic loss scaling for float16 (the usual values: start high, halve on
+# overflow, double after this many finite steps).
+INITIAL_LOSS_SCALE = 2.0**15
+LOSS_SCALE_GROWTH_STEPS = 2000
+TRAIN_DIR, EVAL_DIR = "train", "eval"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss; no checkpoint was written for it."""
+
+
+class TrainingPreempted(RuntimeError):
+    """SIGTERM arrived; a checkpoint was saved at `step`."""
+
+    def __init__(self, step: int, checkpoint: Optional[str]):
+        super().__init__(f"SIGTERM: saved checkpoint {checkpoint} at step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to run the loop (not what to train).
+
+    model_dir: checkpoints, summaries; resumed from when it holds a checkpoint.
+    train_steps: total optimizer steps (the run stops at this global step).
+    global_batch_size: examples per optimizer step over all replicas and micro-batches.
+    """
+
+    model_dir: str
+    train_steps: int
+    global_batch_size: int
+    steps_per_loop: int = 1000
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    clip_norm: float = optimizer_lib.CLIP_NORM
+    gradient_accumulation_steps: int = 1
+    mixed_precision: str = "float32"
+    jit_compile: bool = False
+    checkpoint_input_pipeline: bool = True
+
+    def validate(self, num_replicas: int) -> None:
+        if self.train_steps <= 0:
+            raise ValueError(f"num_train_steps must be positive, got {self.train_steps}")
+        if self.steps_per_loop <= 0:
+            raise ValueError(f"iterations_per_loop must be positive, got {self.steps_per_loop}")
+        if self.save_checkpoints_steps <= 0:
+            raise ValueError(f"save_checkpoints_steps must be positive, got {self.save_checkpoints_steps}")
+        if self.keep_checkpoint_max <= 0:
+            raise ValueError(f"keep_checkpoint_max must be positive, got {self.keep_checkpoint_max}")
+        if self.gradient_accumulation_steps <= 0:
+            raise ValueError(f"gradient_accumulation_steps must be positive, got {self.gradient_accumulation_steps}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
+        split = num_replicas * self.gradient_accumulation_steps
+        if self.global_batch_size <= 0 or self.global_batch_size % split:
+            raise ValueError(
+                f"train_batch_size {self.global_batch_size} must be a positive multiple of replicas ({num_replicas}) "
+                f"x gradient_accumulation_steps ({self.gradient_accumulation_steps})"
+            )
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.gradient_accumulation_steps
+
+
+@contextlib.contextmanager
+def dtype_policy(precision: str):
+    """Keras' global dtype policy for building a model in `precision`, restored afterwards."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(PRECISIONS[precision])
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def count_parameters(model) -> int:
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+class _LossScale(tf.Module):
+    """Dynamic loss scale for float16: halve on overflow, double after LOSS_SCALE_GROWTH_STEPS good steps."""
+
+    def __init__(self):
+        super().__init__(name="loss_scale")
+        agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        self.scale = tf.Variable(INITIAL_LOSS_SCALE, trainable=False, aggregation=agg, name="scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=agg, name="good_steps")
+
+    def update(self, finite):
+        """Cross-replica: `finite` is the same on every replica after the all-reduce."""
+        grow = finite & (self.good_steps + 1 >= LOSS_SCALE_GROWTH_STEPS)
+        self.scale.assign(tf.where(grow, self.scale * 2.0, tf.where(finite, self.scale, self.scale / 2.0)))
+        self.good_steps.assign(tf.where(finite & ~grow, self.good_steps + 1, tf.zeros_like(self.good_steps)))
+
+
+def _dummy_batch(spec):
+    """Zeros shaped like one element of `spec` with batch size 1 (builds models, finds metric names)."""
+
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape.as_list()]
+        return tf.zeros(shape, s.dtype)
+
+    return tf.nest.map_structure(zeros, spec)
+
+
+def _metric_terms(metrics: Dict) -> Dict[str, tuple]:
+    """{name: value or (value, weight)} -> {name: (value * weight, weight)} float32."""
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, (tuple, list)):
+            v, w = (tf.cast(x, tf.float32) for x in value)
+        else:
+            v, w = tf.cast(value, tf.float32), tf.constant(1.0)
+        out[name] = (v * w, w)
+    return out
+
+
+class Trainer:
+    """Builds model + optimizer under a strategy, then trains / evaluates with checkpoints.
+
+    Args:
+      strategy: a `tf.distribute.Strategy` (bert_tf.training.strategy.get_strategy).
+      config: TrainConfig.
+      model_fn: () -> built keras.Model (called under the strategy scope and dtype policy).
+      loss_fn: (model, batch, training) -> (loss, metrics dict); see the module docstring.
+      optimizer_fn: (trainable variables) -> a bert_tf.training.optimizer optimizer.
+      init_fn: optional (model) -> None, run only when model_dir has no checkpoint
+        (e.g. load --init_checkpoint).
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        config: TrainConfig,
+        model_fn: Callable[[], keras.Model],
+        loss_fn: Callable,
+        optimizer_fn: Callable,
+        init_fn: Optional[Callable[[keras.Model], None]] = None,
+    ):
+        config.validate(strategy.num_replicas_in_sync)
+        self.strategy = strategy
+        self.config = config
+        self.loss_fn = loss_fn
+        self.is_chief = strategy_lib.is_chief(strategy)
+        with strategy.scope(), dtype_policy(config.mixed_precision):
+            self.model = model_fn()
+            self.optimizer = optimizer_fn(self.model.trainable_variables)
+            self.loss_scale = _LossScale() if config.mixed_precision == "float16" else None
+        self.global_step = self.optimizer.iterations
+        self._checkpoint_items = dict(model=self.model, optimizer=self.optimizer)
+        if self.loss_scale is not None:
+            self._checkpoint_items["loss_scale"] = self.loss_scale
+        self._init_fn = init_fn
+        self._grad_fn = tf.function(self._compute_grads, jit_compile=config.jit_compile)
+        self._eval_fn = tf.function(self._eval_outputs, jit_compile=config.jit_compile)
+        self._train_loops = {}
+        self._metric_names = None
+        self._summary_writers = {}
+        self._preempted = False
+        # Every step's loss of this process's train() calls, in order (tests and tools read it).
+        self.step_losses = []
+
+    # ------------------------------------------------------------------ pieces run per replica
+    def _compute_grads(self, batch):
+        """One micro-batch: (loss, metric terms, grads of loss / (replicas * micro-batches))."""
+        with tf.GradientTape() as tape:
+            loss, metrics = self.loss_fn(self.model, batch, training=True)
+            loss = tf.cast(loss, tf.float32)
+            scaled = loss / float(self.strategy.num_replicas_in_sync * self.config.num_micro_batches)
+            if self.loss_scale is not None:
+                scaled = scaled * self.loss_scale.scale
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        grads = [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
+                 for g, v in zip(grads, self.model.trainable_variables, strict=True)]
+        if self.loss_scale is not None:
+            grads = [g / self.loss_scale.scale for g in grads]
+        return loss, _metric_terms(metrics), grads
+
+    def _replica_step(self, batch):
+        k = self.config.num_micro_batches
+        if k == 1:
+            loss, terms, grads = self._grad_fn(batch)
+        else:
+            # batch: every tensor [k, micro_batch, ...]; grads and metrics are summed over the k slices.
+            loss, terms, grads = self._grad_fn(tf.nest.map_structure(lambda t: t[0], batch))
+            for j in tf.range(1, k):
+                l_j, t_j, g_j = self._grad_fn(tf.nest.map_structure(lambda t, j=j: t[j], batch))
+                loss += l_j
+                terms = tf.nest.map_structure(tf.add, terms, t_j)
+                grads = [a + b for a, b in zip(grads, g_j, strict=True)]
+            loss /= float(k)
+        ctx = tf.distribute.get_replica_context()
+        grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grads, grad_norm = optimizer_lib.clip_by_global_norm(grads, self.config.clip_norm)
+        finite = None
+        if self.loss_scale is not None:
+            finite = tf.math.is_finite(grad_norm)
+            ctx.merge_call(lambda _, f: self.loss_scale.update(f), args=(finite,))
+        self.optimizer.apply_gradients(grads, apply=finite)
+        return loss, terms, grad_norm
+
+    def _eval_outputs(self, batch):
+        loss, metrics = self.loss_fn(self.model, batch, training=False)
+        metrics = dict(metrics)
+        metrics.setdefault("loss", loss)
+        return _metric_terms(metrics)
+
+    # ------------------------------------------------------------------ host-side loop functions
+    def _make_train_loop(self):
+        strategy = self.strategy
+        names = self._metric_names
+
+        @tf.function
+        def train_loop(iterator, num_steps):
+            losses = tf.TensorArray(tf.float32, size=num_steps)
+            sums = {n: (tf.constant(0.0), tf.constant(0.0)) for n in names}
+            norm_sum = tf.constant(0.0)
+            for i in tf.range(num_steps):
+                loss, terms, norm = strategy.run(self._replica_step, args=(next(iterator),))
+                loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+                terms = strategy.reduce(tf.distribute.ReduceOp.SUM, terms, axis=None)
+                sums = tf.nest.map_structure(tf.add, sums, terms)
+                norm_sum += strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
+                losses = losses.write(i, loss)
+            return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32)
+
+        return train_loop
+
+    # ------------------------------------------------------------------ checkpoints
+    def _manager(self, iterator=None):
+        items = dict(self._checkpoint_items)
+        if iterator is not None:
+            items["train_iterator"] = iterator
+        checkpoint = tf.train.Checkpoint(**items)
+        directory = self.config.model_dir
+        if not self.is_chief:
+            # Every worker must take part in the save; only the chief's copy is kept.
+            task = self.strategy.cluster_resolver.task_id
+            directory = os.path.join(directory, f".worker_{task}_tmp")
+        return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.config.keep_checkpoint_max)
+
+    def restore(self, manager=None) -> Optional[str]:
+        """Restores the latest checkpoint of model_dir (model, optimizer, step[, input position]);
+        on a fresh model_dir runs `init_fn`. Returns the restored path or None."""
+        manager = manager or self._manager()
+        latest = tf.train.latest_checkpoint(self.config.model_dir)
+        if latest:
+            status = manager.checkpoint.restore(latest)
+            status.assert_existing_objects_matched()
+            logger.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
+            return latest
+        if self._init_fn is not None:
+            self._init_fn(self.model)
+        return None
+
+    def _save(self, manager) -> Optional[str]:
+        step = int(self.global_step.numpy())
+        path = manager.save(checkpoint_number=step)
+        if not self.is_chief:
+            tf.io.gfile.rmtree(manager.directory)
+            return None
+        logger.info("saved checkpoint %s", path)
+        return path
+
+    # ------------------------------------------------------------------ summaries
+    def _writer(self, kind):
+        if kind not in self._summary_writers:
+            if self.is_chief:
+                self._summary_writers[kind] = tf.summary.create_file_writer(os.path.join(self.config.model_dir, kind))
+            else:
+                self._summary_writers[kind] = tf.summary.create_noop_writer()
+        return self._summary_writers[kind]
+
+    def _write_summaries(self, kind, step, values):
+        with self._writer(kind).as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(name, value)
+        self._writer(kind).flush()
+
+    # ------------------------------------------------------------------ public API
+    def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1):
+        """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, grouped in
+        `micro_batches` if > 1. Under OneDeviceStrategy it is a plain dataset, whose
+        iterator can be checkpointed (tf.distribute's iterators cannot)."""
+
+        def per_replica(ctx):
+            ds = dataset_fn(ctx, batch_size_per_replica)
+            if micro_batches > 1:
+                ds = ds.batch(micro_batches, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+            return ds
+
+        if self._single_device():
+            return per_replica(tf.distribute.InputContext())
+        return self.strategy.distribute_datasets_from_function(per_replica)
+
+    def _single_device(self) -> bool:
+        return isinstance(self.strategy, tf.distribute.OneDeviceStrategy)
+
+    def _discover_metrics(self, element_spec):
+        if self._metric_names is None:
+            with self.strategy.scope():
+                _, metrics = self.loss_fn(self.model, _dummy_batch(element_spec), training=False)
+            self._metric_names = sorted(metrics)
+
+    def run_summary(self, num_train_examples: Optional[int] = None, num_warmup_steps: Optional[int] = None,
+                    extra: Optional[Dict] = None) -> str:
+        c = self.config
+        lines = [
+            f"model: {type(self.model).__name__}, {count_parameters(self.model):,} trainable parameters",
+            f"strategy: {strategy_lib.describe(self.strategy)}",
+            f"global batch: {c.global_batch_size} ({c.gradient_accumulation_steps} micro-batch(es) of "
+            f"{c.global_batch_size // (self.strategy.num_replicas_in_sync * c.gradient_accumulation_steps)} "
+            f"per replica)",
+            f"steps: {c.train_steps} (warmup {num_warmup_steps if num_warmup_steps is not None else 'n/a'}), "
+            f"{c.steps_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
+            f"examples: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
+            f"{c.train_steps * c.global_batch_size:,} seen by the end",
+            f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}",
+        ]
+        for key, value in (extra or {}).items():
+            lines.append(f"{key}: {value}")
+        text = "\n  ".join(["run summary:"] + lines)
+        logger.info(text)
+        return text
+
+    def train(self, dataset_fn) -> Dict[str, float]:
+        """Trains until `train_steps`, resuming from model_dir. Returns the last loop's metrics.
+
+        Raises NonFiniteLossError (nothing saved) or TrainingPreempted (after saving).
+        """
+        c = self.config
+        replicas = self.strategy.num_replicas_in_sync
+        per_replica = c.global_batch_size // (replicas * c.num_micro_batches)
+        dist = self.distribute(dataset_fn, per_replica, c.num_micro_batches)
+        iterator = iter(dist)
+        # The spec of one micro-batch (building the pipeline reads no data).
+        self._discover_metrics(dataset_fn(tf.distribute.InputContext(), per_replica).element_spec)
+        manager = self._manager(iterator if self._can_checkpoint_iterator() else None)
+        if not self._can_checkpoint_iterator():
+            logger.info("input position is not checkpointed under %s: a resumed run restarts the input",
+                        type(self.strategy).__name__)
+        self.restore(manager)
+        train_loop = self._make_train_loop()
+
+        step = int(self.global_step.numpy())
+        last_saved = step
+        result: Dict[str, float] = {}
+        if step >= c.train_steps:
+            logger.info("step %d >= num_train_steps %d: nothing to train", step, c.train_steps)
+            return result
+        previous_handler = self._install_sigterm()
+        try:
+            start_time, start_step = time.time(), step
+            while step < c.train_steps:
+                next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
+                n = min(c.steps_per_loop, c.train_steps - step, next_save - step)
+                lr = float(self.optimizer.current_learning_rate().numpy())
+                loop_start = time.time()
+                losses, sums, grad_norm = train_loop(iterator, tf.constant(n, tf.int32))
+                losses = losses.numpy()
+                elapsed = time.time() - loop_start
+                bad = np.flatnonzero(~np.isfinite(losses))
+                if bad.size:
+                    raise NonFiniteLossError(
+                        f"loss is {losses[bad[0]]} at step {step + bad[0] + 1}; stopped without saving "
+                        f"(last good checkpoint: {manager.latest_checkpoint or 'none'})"
+                    )
+                step += n
+                result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
+                result["loss"] = float(losses.mean())
+                examples_per_sec = n * c.global_batch_size / max(elapsed, 1e-9)
+                summary = dict(result, learning_rate=lr, gradient_norm=float(grad_norm.numpy()),
+                               examples_per_second=examples_per_sec)
+                self._write_summaries(TRAIN_DIR, step, summary)
+                self.step_losses.extend(float(x) for x in losses)
+                rate = (step - start_step) / max(time.time() - start_time, 1e-9)
+                eta = (c.train_steps - step) / rate if rate > 0 else math.inf
+                logger.info(
+                    "step %d/%d loss %.4f %s lr %.3g grad_norm %.3f %.1f examples/s ETA %s",
+                    step, c.train_steps, result["loss"],
+                    " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss"),
+                    lr, summary["gradient_norm"], examples_per_sec, _format_eta(eta),
+                )
+                if step % c.save_checkpoints_steps == 0 or step == c.train_steps:
+                    self._save(manager)
+                    last_saved = step
+                if self._preempted:
+                    path = self._save(manager) if last_saved != step else manager.latest_checkpoint
+                    raise TrainingPreempted(step, path)
+        finally:
+            self._restore_sigterm(previous_handler)
+        return result
+
+    def evaluate(self, dataset_fn, global_batch_size: int, steps: Optional[int] = None) -> Dict[str, float]:
+        """Runs up to `steps` batches (all of the data when None) without training;
+        returns the weighted metric averages and `global_step`, and writes eval/ summaries."""
+        replicas = self.strategy.num_replicas_in_sync
+        if global_batch_size % replicas:
+            raise ValueError(f"eval_batch_size {global_batch_size} must be a multiple of replicas ({replicas})")
+        dist = self.distribute(dataset_fn, global_batch_size // replicas)
+        strategy = self.strategy
+
+        @tf.function
+        def eval_step(batch):
+            terms = strategy.run(self._eval_fn, args=(batch,))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, terms, axis=None)
+
+        totals = None
+        count = 0
+        iterator = iter(dist)
+        while steps is None or count < steps:
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            terms = eval_step(batch.get_value())
+            terms = {k: (float(v.numpy()), float(w.numpy())) for k, (v, w) in terms.items()}
+            totals = terms if totals is None else {k: (totals[k][0] + v, totals[k][1] + w)
+                                                   for k, (v, w) in terms.items()}
+            count += 1
+        if totals is None:
+            raise ValueError("evaluation data is empty")
+        results = {k: v / max(w, 1e-12) for k, (v, w) in totals.items()}
+        step = int(self.global_step.numpy())
+        self._write_summaries(EVAL_DIR, step, results)
+        results["global_step"] = step
+        logger.info("eval at step %d over %d batches: %s", step, count,
+                    " ".join(f"{k} {v:.4f}" for k, v in sorted(results.items()) if k != "global_step"))
+        return results
+
+    # ------------------------------------------------------------------ SIGTERM
+    def _can_checkpoint_iterator(self) -> bool:
+        return self.config.checkpoint_input_pipeline and self._single_device()
+
+    def _install_sigterm(self):
+        try:
+            def handler(signum, frame):
+                logger.warning("SIGTERM received: saving a checkpoint after the current loop")
+                self._preempted = True
+
+            return signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not the main thread
+            return None
+
+    def _restore_sigterm(self, previous):
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def write_eval_results(path: str, results: Dict[str, float]) -> None:
+    """The original's eval_results.txt: sorted `key = value` lines, written atomically."""
+    from bert_tf.configs import write_text_atomic
+
+    write_text_atomic(path, "".join(f"{k} = {results[k]}\n" for k in sorted(results)))
