@@ -108,6 +108,16 @@ def test_returned_lists_are_fresh(tiny_vocab_file):
     assert fast.tokenize_batch(["the cat"])[0] == ["the", "cat"]
 
 
+@pytest.mark.parametrize("do_lower_case,strip_accents", MODES)
+def test_every_ascii_pair_matches_original(tiny_vocab_file, do_lower_case, strip_accents):
+    """ASCII texts take their own path (str.split, translate): every ordered pair of ASCII characters."""
+    full, fast = _tokenizer_pair(tiny_vocab_file, do_lower_case, strip_accents)
+    texts = [f"Un{chr(a)}{chr(b)}Want" for a in range(128) for b in range(128)]
+    assert all(t.isascii() for t in texts)
+    assert fast.tokenize_batch(texts) == full.tokenize_batch(texts)
+    assert fast.basic_tokenize_batch(texts) == full.basic_tokenize_batch(texts)
+
+
 @pytest.mark.parametrize("do_lower_case,strip_accents", MODES + [(False, True)])
 def test_every_code_point_matches_basic_tokenizer(tiny_vocab_file, do_lower_case, strip_accents):
     """Each code point alone inside a word, and in a run of its neighbours.

@@ -43,9 +43,10 @@ from bert_tf.tokenization.full import (
     load_vocab,
 )
 
-# Chunks (and words) remembered per cache before that cache is emptied and
-# refilled; ~200 bytes each. Memory only: never changes results.
-DEFAULT_CACHE_SIZE = 1 << 19
+# Chunks (or words) remembered per cache (there are four) before that cache
+# is emptied and refilled; ~250 bytes each, so at most ~250 MB in all.
+# Memory and speed only: never changes results.
+DEFAULT_CACHE_SIZE = 1 << 18
 
 # Characters that `str.split()` / regex `\s` treat as whitespace (all are below U+3001).
 _PY_SPACES = [chr(cp) for cp in range(0x3001) if chr(cp).isspace()]
