@@ -4,6 +4,8 @@ One test runs the script as a process (exit code, stderr); the others call its m
 process with parsed flags, because each TensorFlow start costs ~10-20 s on the shared CPU.
 """
 
+import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -21,20 +23,36 @@ def run(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-def run_in_process(capsys, *args):
-    """(exit code, stderr) of convert_checkpoint.main with these flags."""
+@contextlib.contextmanager
+def imported_script(name):
+    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
+
+    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
+    """
     sys.path.insert(0, str(REPO))
     try:
-        import convert_checkpoint
+        module = importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    convert_checkpoint.FLAGS.unparse_flags()
-    convert_checkpoint.FLAGS(["convert_checkpoint.py", *args])
-    code = 0
     try:
-        convert_checkpoint.main([])
-    except SystemExit as e:
-        code = e.code
+        yield module
+    finally:
+        for flag in module.FLAGS.get_flags_for_module(name):
+            if flag.name in module.FLAGS:
+                delattr(module.FLAGS, flag.name)
+        sys.modules.pop(name, None)
+
+
+def run_in_process(capsys, *args):
+    """(exit code, stderr) of convert_checkpoint.main with these flags."""
+    with imported_script("convert_checkpoint") as script:
+        script.FLAGS.unparse_flags()
+        script.FLAGS(["convert_checkpoint.py", *args])
+        code = 0
+        try:
+            script.main([])
+        except SystemExit as e:
+            code = e.code
     return code, capsys.readouterr().err
 
 

@@ -1,5 +1,7 @@
 """extract_features.py: the original's JSONL layout, layer indexes, pairs, and values equal to the encoder's."""
 
+import contextlib
+import importlib
 import json
 import sys
 
@@ -21,6 +23,26 @@ CONFIG = BertConfig(
     max_position_embeddings=16,
     type_vocab_size=2,
 )
+
+
+@contextlib.contextmanager
+def imported_script(name):
+    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
+
+    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
+    """
+    sys.path.insert(0, str(REPO))
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+    try:
+        yield module
+    finally:
+        for flag in module.FLAGS.get_flags_for_module(name):
+            if flag.name in module.FLAGS:
+                delattr(module.FLAGS, flag.name)
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +94,16 @@ def test_script_from_tf1_checkpoint_and_bad_layers(encoder, tiny_vocab_file, tmp
     write_tf1_checkpoint(encoder, str(ckpt))
     CONFIG.to_json_file(str(tmp_path / "model" / "bert_config.json"))
     (tmp_path / "in.txt").write_text("the cat\n")
-    sys.path.insert(0, str(REPO))
-    try:
-        import extract_features as script
-    finally:
-        sys.path.pop(0)
 
     def run(*args):
-        script.FLAGS.unparse_flags()
-        script.FLAGS(["extract_features.py", *args])
-        try:
-            script.main([])
-        except SystemExit as e:
-            return e.code
-        return 0
+        with imported_script("extract_features") as script:
+            script.FLAGS.unparse_flags()
+            script.FLAGS(["extract_features.py", *args])
+            try:
+                script.main([])
+            except SystemExit as e:
+                return e.code
+            return 0
 
     common = [
         f"--input_file={tmp_path / 'in.txt'}",
