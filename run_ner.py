@@ -1,0 +1,60 @@
+"""BERT fine-tuning for named-entity recognition on CoNLL-2003-format files.
+
+data_dir holds train.txt, valid.txt (or dev.txt) and test.txt: `word POS chunk NER` per
+line (only the first and last columns are used), blank lines between sentences,
+-DOCSTART- lines between documents. The first word piece of each word is labelled, as
+in the BERT paper. Writes eval_results.txt (entity-level precision, recall and F1 with
+conlleval's semantics) and the dev/test files with the predicted tag appended
+(eval_predictions.txt, test_predictions.txt: `word POS chunk gold pred`, what conlleval reads).
+
+  python run_ner.py --data_dir=conll2003 \
+    --init_checkpoint=cased_L-12_H-768_A-12/bert_model.ckpt \
+    --bert_config_file=cased_L-12_H-768_A-12/bert_config.json \
+    --vocab_file=cased_L-12_H-768_A-12/vocab.txt --do_lower_case=False \
+    --do_train --do_eval --do_predict --output_dir=/tmp/ner
+"""
+
+from absl import app, flags
+
+import bert_flags
+from bert_flags import FLAGS, fail
+
+flags.DEFINE_string("data_dir", None, "The folder with train.txt, valid.txt (or dev.txt) and test.txt.")
+flags.DEFINE_list("labels", None, "The tag set in id order, or 'conll2003' for the CoNLL-2003 tags (default: the "
+                  "trained model's in --output_dir, else the tags of train.txt, widened to all nine CoNLL-2003 "
+                  "tags when it only uses those).")
+bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=5e-5, train_batch_size=32, num_train_epochs=3.0)
+
+
+def main(_):
+    bert_flags.setup_logging()
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.runners.ner import NerRunConfig, run
+    from bert_tf.tasks import TaskDataError
+    from bert_tf.tasks.conll import CONLL2003_LABELS
+
+    if not FLAGS.data_dir:
+        fail("--data_dir is required")
+    labels = FLAGS.labels
+    if labels and [label.lower() for label in labels] == ["conll2003"]:
+        labels = CONLL2003_LABELS
+    settings = bert_flags.finetune_settings()
+    cfg = NerRunConfig(
+        data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir, run=settings, labels=tuple(labels) if labels else None,
+        max_seq_length=FLAGS.max_seq_length, do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train,
+        do_eval=FLAGS.do_eval, do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size,
+        eval_batch_size=FLAGS.eval_batch_size, predict_batch_size=FLAGS.predict_batch_size,
+        num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
+        eval_every_steps=FLAGS.eval_every_steps)
+    try:
+        results = run(cfg)
+    except (FinetuneError, TaskDataError, ValueError) as e:
+        fail(str(e))
+    for split, split_results in results.items():
+        print(f"***** Eval results ({split}) *****")
+        for key in sorted(split_results):
+            print(f"  {key} = {split_results[key]}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,50 @@
+"""BERT fine-tuning for SWAG multiple choice (four endings, softmax over the choices).
+
+data_dir holds the SWAG release's train.csv, val.csv and test.csv. Writes
+eval_results.txt (eval_accuracy, eval_loss, global_step) and test_results.csv
+(id, the probability of each ending, the predicted ending). The paper's setting:
+learning rate 2e-5, batch 16, 3 epochs.
+
+  python run_swag.py --data_dir=swagaf/data \
+    --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
+    --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
+    --vocab_file=uncased_L-12_H-768_A-12/vocab.txt \
+    --do_train --do_eval --output_dir=/tmp/swag
+"""
+
+from absl import app, flags
+
+import bert_flags
+from bert_flags import FLAGS, fail
+
+flags.DEFINE_string("data_dir", None, "The folder with the SWAG train.csv, val.csv and test.csv.")
+bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=2e-5, train_batch_size=16, num_train_epochs=3.0)
+
+
+def main(_):
+    bert_flags.setup_logging()
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.runners.swag import SwagRunConfig, run
+    from bert_tf.tasks import TaskDataError
+
+    if not FLAGS.data_dir:
+        fail("--data_dir is required")
+    settings = bert_flags.finetune_settings()
+    cfg = SwagRunConfig(
+        data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir, run=settings, max_seq_length=FLAGS.max_seq_length,
+        do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
+        do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size,
+        predict_batch_size=FLAGS.predict_batch_size, num_train_epochs=FLAGS.num_train_epochs,
+        warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps)
+    try:
+        results = run(cfg)
+    except (FinetuneError, TaskDataError, ValueError) as e:
+        fail(str(e))
+    for split, split_results in results.items():
+        print(f"***** Eval results ({split}) *****")
+        for key in sorted(split_results):
+            print(f"  {key} = {split_results[key]}")
+
+
+if __name__ == "__main__":
+    app.run(main)
