@@ -1,0 +1,132 @@
+"""tf.data input pipelines for pretraining (the original's input_fn, made distributable).
+
+Training: the files (comma-separated globs) are sharded per input pipeline
+(one per worker, from the `tf.distribute.InputContext`), shuffled, read
+`cycle_length` at a time with a parallel interleave, records shuffled,
+batched per replica, parsed a batch at a time (vectorised), prefetched.
+Evaluation reads the files in order, once.
+
+When there are fewer files than input pipelines the records are sharded
+instead of the files, so every worker still sees distinct data.
+"""
+
+from __future__ import annotations
+
+import glob
+from typing import List, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from bert_tf.data import schema
+
+# Records held for shuffling after the interleave (the original used 100 on top of
+# shuffling the files; a larger buffer mixes better when there are few files).
+SHUFFLE_BUFFER_SIZE = 1000
+# Files read concurrently per input pipeline (the original's cycle_length cap).
+CYCLE_LENGTH = 4
+
+
+class InputDataError(ValueError):
+    """Input files missing, unreadable, or not matching the flags."""
+
+
+def expand_input_files(patterns: Union[str, Sequence[str]]) -> List[str]:
+    """Comma-separated globs (or a list of them) -> sorted file list; one-line error when nothing matches."""
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p.strip()]
+    files: List[str] = []
+    for pattern in patterns:
+        pattern = pattern.strip()
+        matched = tf.io.gfile.glob(pattern) if "://" in pattern else sorted(glob.glob(pattern))
+        if not matched:
+            raise InputDataError(f"{pattern}: no input files match")
+        files.extend(sorted(matched))
+    if not files:
+        raise InputDataError("no input files given")
+    return files
+
+
+def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq: int) -> None:
+    """Compares the flags with the lengths stored in the first record of `path`; one-line error on a mismatch."""
+    try:
+        found = schema.inspect_record_file(path)
+    except (ValueError, tf.errors.OpError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputDataError(message if message.startswith(path) else f"{path}: {message}") from None
+    wrong = [
+        f"{name}={found[name]} (flag says {want})"
+        for name, want in (("max_seq_length", max_seq_length), ("max_predictions_per_seq", max_predictions_per_seq))
+        if found[name] != want
+    ]
+    if wrong:
+        raise InputDataError(
+            f"{path}: records were written with {', '.join(wrong)}; pass the values the data was created with"
+        )
+
+
+def _compression(path: str) -> str:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return "GZIP" if f.read(2) == schema.GZIP_MAGIC else ""
+
+
+def pretraining_dataset(
+    files: Sequence[str],
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    batch_size: int,
+    is_training: bool,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    seed: Optional[int] = None,
+    shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
+    cycle_length: int = CYCLE_LENGTH,
+) -> tf.data.Dataset:
+    """Batches of the original's features (schema.parse_pretraining_example), for one input pipeline.
+
+    Args:
+      files: TFRecord files (plain or GZIP, not mixed), e.g. from expand_input_files.
+      batch_size: examples per batch (per replica when used from the Trainer).
+      is_training: repeat forever and shuffle; else read once, in order.
+      input_context: the tf.distribute InputContext; None for a single pipeline.
+      seed: makes file and record shuffling reproducible.
+    Returns a Dataset of dicts: int32 [batch, max_seq_length] input_ids, input_mask,
+    segment_ids; int32 [batch, P] masked_lm_positions, masked_lm_ids; float32
+    [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels. The last
+    partial batch is dropped (fixed shapes, as the original on TPU).
+    """
+    files = list(files)
+    compression = _compression(files[0])
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    shard_files = num_pipelines > 1 and len(files) >= num_pipelines
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shard_files:
+        ds = ds.shard(num_pipelines, pipeline_id)
+    if is_training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            cycle_length=min(cycle_length, len(files)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=seed is not None,
+        )
+    else:
+        ds = ds.flat_map(lambda f: tf.data.TFRecordDataset(f, compression_type=compression))
+    if num_pipelines > 1 and not shard_files:
+        ds = ds.shard(num_pipelines, pipeline_id)
+    if is_training:
+        ds = ds.shuffle(shuffle_buffer_size, seed=seed)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(
+        lambda records: schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def count_records(files: Sequence[str]) -> int:
+    """Number of records in the files (reads them all; for run summaries of small data)."""
+    total = 0
+    for path in files:
+        total += int(tf.data.TFRecordDataset(path, compression_type=_compression(path)).reduce(0, lambda n, _: n + 1))
+    return total

@@ -1,0 +1,249 @@
+"""Pretraining (masked LM + next sentence) on TFRecords: the library call behind run_pretraining.py.
+
+`run_pretraining(config, strategy)` validates the data against the flags,
+writes the model directory's side files (bert_config.json, vocab.txt,
+bert_tf_info.json), trains with `bert_tf.training.loop.Trainer` (resuming from
+output_dir), and evaluates into eval_results.txt in the original's format.
+
+Two-phase training (the paper: 90% of steps at seq 128, then 10% at 512) is two
+runs with the same output_dir: the second with the seq-512 data, its
+--max_seq_length/--max_predictions_per_seq and the total --num_train_steps;
+it resumes from the phase-1 checkpoint (weights, optimizer, step) because
+the model's variables do not depend on the sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Dict, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from bert_tf.configs import BertConfig, read_run_info, write_run_info
+from bert_tf.data import pipelines
+from bert_tf.training import loop
+from bert_tf.training import optimizer as optimizer_lib
+
+logger = logging.getLogger("bert_tf.pretraining")
+
+EVAL_RESULTS_FILE = "eval_results.txt"
+# The keys of the original's eval_results.txt (plus global_step).
+EVAL_KEYS = ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss", "loss")
+# Defaults of the original run_pretraining.py flags.
+DEFAULT_MAX_EVAL_STEPS = 100
+
+
+class PretrainingError(ValueError):
+    """A pretraining set-up that cannot work; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingConfig:
+    """Everything run_pretraining.py's flags say; batch sizes are global."""
+
+    bert_config: BertConfig
+    input_files: Sequence[str]
+    output_dir: str
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    do_train: bool = False
+    do_eval: bool = False
+    eval_input_files: Optional[Sequence[str]] = None  # None: evaluate on input_files, as the original
+    init_checkpoint: Optional[str] = None
+    train_batch_size: int = 32
+    eval_batch_size: int = 8
+    learning_rate: float = 5e-5
+    num_train_steps: int = 100000
+    num_warmup_steps: int = 10000
+    save_checkpoints_steps: int = 1000
+    iterations_per_loop: int = 1000
+    max_eval_steps: int = DEFAULT_MAX_EVAL_STEPS
+    optimizer: str = "adamw"
+    weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
+    clip_norm: float = optimizer_lib.CLIP_NORM
+    mixed_precision: str = "float32"
+    jit_compile: bool = False
+    keep_checkpoint_max: int = 5
+    gradient_accumulation_steps: int = 1
+    use_next_sentence_prediction: bool = True
+    vocab_file: Optional[str] = None
+    do_lower_case: Optional[bool] = None
+    seed: Optional[int] = 12345
+
+    def validate(self) -> None:
+        if not self.do_train and not self.do_eval:
+            raise PretrainingError("at least one of do_train or do_eval must be True")
+        if self.max_seq_length > self.bert_config.max_position_embeddings:
+            raise PretrainingError(
+                f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
+                f"{self.bert_config.max_position_embeddings}"
+            )
+        if self.max_predictions_per_seq <= 0 or self.max_predictions_per_seq > self.max_seq_length:
+            raise PretrainingError(
+                f"max_predictions_per_seq must be in [1, max_seq_length={self.max_seq_length}], "
+                f"got {self.max_predictions_per_seq}"
+            )
+        if self.num_warmup_steps < 0 or self.num_warmup_steps > self.num_train_steps:
+            raise PretrainingError(
+                f"num_warmup_steps must be in [0, num_train_steps={self.num_train_steps}], got {self.num_warmup_steps}"
+            )
+        if self.learning_rate <= 0:
+            raise PretrainingError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.eval_batch_size <= 0 or self.max_eval_steps <= 0:
+            raise PretrainingError("eval_batch_size and max_eval_steps must be positive")
+        if self.optimizer not in optimizer_lib.OPTIMIZERS:
+            raise PretrainingError(
+                f"unknown optimizer {self.optimizer!r}; expected one of {', '.join(optimizer_lib.OPTIMIZERS)}"
+            )
+
+
+def pretraining_loss_fn(model, batch, training):
+    """BertPretrainer outputs -> (loss, metrics weighted as the original's eval metrics).
+
+    MLM accuracy and loss are averaged over real predictions (weights =
+    masked_lm_weights), NSP ones over examples, `loss` over batches.
+    """
+    outputs = model(batch, training=training)
+    num_predictions = tf.reduce_sum(tf.cast(batch["masked_lm_weights"], tf.float32))
+    metrics = {
+        "masked_lm_accuracy": (outputs["masked_lm_accuracy"], num_predictions),
+        "masked_lm_loss": (outputs["masked_lm_loss"], num_predictions),
+    }
+    if "next_sentence_loss" in outputs:
+        examples = tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+        metrics["next_sentence_accuracy"] = (outputs["next_sentence_accuracy"], examples)
+        metrics["next_sentence_loss"] = (outputs["next_sentence_loss"], examples)
+    return outputs["loss"], metrics
+
+
+def _write_side_files(config: PretrainingConfig) -> None:
+    """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (fine-tuning reads them)."""
+    out = config.output_dir
+    tf.io.gfile.makedirs(out)
+    config_path = os.path.join(out, "bert_config.json")
+    if tf.io.gfile.exists(config_path):
+        existing = BertConfig.from_json_file(config_path)
+        if existing != config.bert_config:
+            raise PretrainingError(
+                f"{config_path}: output_dir holds a run with a different bert_config; use a new output_dir"
+            )
+    else:
+        config.bert_config.to_json_file(config_path)
+    if config.vocab_file:
+        tf.io.gfile.copy(config.vocab_file, os.path.join(out, "vocab.txt"), overwrite=True)
+    info = read_run_info(out)
+    do_lower_case = config.do_lower_case if config.do_lower_case is not None else info.get("do_lower_case", True)
+    write_run_info(
+        out,
+        do_lower_case=do_lower_case,
+        use_next_sentence_prediction=config.use_next_sentence_prediction,
+        max_seq_length=config.max_seq_length,
+        max_predictions_per_seq=config.max_predictions_per_seq,
+        objective="pretraining",
+    )
+
+
+def _init_fn(init_checkpoint: Optional[str]):
+    if not init_checkpoint:
+        return None
+
+    def init(model):
+        from bert_tf import checkpoints
+
+        try:
+            report = checkpoints.load_pretrained(model, init_checkpoint)
+        except (ValueError, tf.errors.OpError) as e:
+            raise PretrainingError(f"{init_checkpoint}: {str(e).strip().splitlines()[0]}") from None
+        logger.info("initialised from %s%s", init_checkpoint, f" ({report})" if report is not None else "")
+
+    return init
+
+
+def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> loop.Trainer:
+    from bert_tf.models.pretrainer import BertPretrainer
+
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
+    train_config = loop.TrainConfig(
+        model_dir=config.output_dir,
+        train_steps=config.num_train_steps,
+        global_batch_size=config.train_batch_size,
+        steps_per_loop=config.iterations_per_loop,
+        save_checkpoints_steps=config.save_checkpoints_steps,
+        keep_checkpoint_max=config.keep_checkpoint_max,
+        clip_norm=config.clip_norm,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        mixed_precision=config.mixed_precision,
+        jit_compile=config.jit_compile,
+    )
+    try:
+        train_config.validate(strategy.num_replicas_in_sync)
+    except ValueError as e:
+        raise PretrainingError(str(e)) from None
+
+    def model_fn():
+        return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction)
+
+    def optimizer_fn(variables):
+        return optimizer_lib.create_optimizer(
+            config.optimizer, variables, config.learning_rate, config.num_train_steps, config.num_warmup_steps,
+            weight_decay_rate=config.weight_decay_rate,
+        )
+
+    return loop.Trainer(strategy, train_config, model_fn, pretraining_loss_fn, optimizer_fn,
+                        init_fn=_init_fn(config.init_checkpoint))
+
+
+def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
+    def dataset_fn(ctx, batch_size):
+        return pipelines.pretraining_dataset(
+            files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
+            input_context=ctx, seed=config.seed,
+        )
+
+    return dataset_fn
+
+
+def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> Optional[Dict[str, float]]:
+    """Trains and/or evaluates as `config` says. Returns the eval results (None without do_eval).
+
+    Raises PretrainingError / pipelines.InputDataError (one line) on bad input,
+    loop.NonFiniteLossError on a NaN loss, loop.TrainingPreempted after SIGTERM.
+    """
+    config.validate()
+    train_files = list(config.input_files)
+    if not train_files:
+        raise PretrainingError("input_file matched no files")
+    eval_files = list(config.eval_input_files or train_files)
+    for path in {train_files[0], eval_files[0]}:
+        pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
+    trainer = build_trainer(config, strategy)
+    if trainer.is_chief:
+        _write_side_files(config)
+
+    if config.do_train:
+        trainer.run_summary(
+            num_warmup_steps=config.num_warmup_steps,
+            extra={
+                "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
+                         f"{config.max_predictions_per_seq} predictions per sequence",
+                "objective": "masked LM" + (" + next sentence" if config.use_next_sentence_prediction else ""),
+                "optimizer": f"{config.optimizer}, lr {config.learning_rate}, weight decay {config.weight_decay_rate}",
+            },
+        )
+        trainer.train(_dataset_fn(config, train_files, is_training=True))
+
+    if not config.do_eval:
+        return None
+    if not config.do_train:
+        if trainer.restore() is None and not config.init_checkpoint:
+            raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
+    results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False), config.eval_batch_size,
+                               steps=config.max_eval_steps)
+    results = {k: results[k] for k in (*EVAL_KEYS, "global_step") if k in results}
+    if trainer.is_chief:
+        loop.write_eval_results(os.path.join(config.output_dir, EVAL_RESULTS_FILE), results)
+    return results

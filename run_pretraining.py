@@ -1,0 +1,101 @@
+"""Pretrain BERT (masked LM + next sentence prediction) on create_pretraining_data.py's TFRecords.
+
+The original's flags keep their meaning (batch sizes are global); additions pick
+the distribution strategy, optimizer, precision and more. A run resumes from
+the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
+
+  python run_pretraining.py --input_file=/tmp/tf_examples.tfrecord \
+    --output_dir=/tmp/pretraining_output --do_train=True --do_eval=True \
+    --bert_config_file=bert_config.json --train_batch_size=32 \
+    --max_seq_length=128 --max_predictions_per_seq=20 --num_train_steps=20 \
+    --num_warmup_steps=10 --learning_rate=2e-5
+"""
+
+import sys
+
+from absl import app, flags
+
+import bert_flags
+from bert_flags import FLAGS, fail
+
+# --- the original's flags
+flags.DEFINE_string("bert_config_file", None, "The config json file corresponding to the pre-trained BERT model.")
+flags.DEFINE_string("input_file", None, "Input TF example files (comma-separated globs).")
+flags.DEFINE_string("output_dir", None, "The output directory where the model checkpoints will be written.")
+flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
+                    "folder or .safetensors, or a bert_tf checkpoint.")
+flags.DEFINE_integer("max_seq_length", 128, "The maximum total input sequence length after WordPiece "
+                     "tokenization. Must match the data.")
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum number of masked LM predictions per sequence. "
+                     "Must match the data.")
+flags.DEFINE_bool("do_train", False, "Whether to run training.")
+flags.DEFINE_bool("do_eval", False, "Whether to run eval on the dev set.")
+flags.DEFINE_integer("train_batch_size", 32, "Total batch size for training.")
+flags.DEFINE_integer("eval_batch_size", 8, "Total batch size for eval.")
+flags.DEFINE_integer("num_train_steps", 100000, "Number of training steps.")
+flags.DEFINE_integer("num_warmup_steps", 10000, "Number of warmup steps.")
+flags.DEFINE_integer("max_eval_steps", 100, "Maximum number of eval steps.")
+bert_flags.define_optimizer_flags(learning_rate=5e-5)
+bert_flags.define_tpu_and_strategy_flags()
+# --- additions
+flags.DEFINE_string("eval_input_file", None, "Held-out TF example files for eval (default: --input_file, "
+                    "as the original).")
+flags.DEFINE_bool("use_next_sentence_prediction", True, "Train the next-sentence head too (False: the paper's "
+                  "'No NSP' ablation).")
+flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copied into --output_dir so "
+                    "fine-tuning finds it.")
+flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json.")
+flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
+
+
+def main(_):
+    bert_flags.setup_logging()
+    from bert_tf.configs import BertConfig, ConfigError
+    from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.training.loop import NonFiniteLossError, TrainingPreempted
+    from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
+
+    for name in ("bert_config_file", "input_file", "output_dir"):
+        if not getattr(FLAGS, name):
+            fail(f"--{name} is required")
+    try:
+        bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
+        input_files = expand_input_files(FLAGS.input_file)
+        eval_files = expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None
+        config = PretrainingConfig(
+            bert_config=bert_config, input_files=input_files, output_dir=FLAGS.output_dir,
+            max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
+            do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, eval_input_files=eval_files,
+            init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
+            eval_batch_size=FLAGS.eval_batch_size, learning_rate=FLAGS.learning_rate,
+            num_train_steps=FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
+            save_checkpoints_steps=FLAGS.save_checkpoints_steps, iterations_per_loop=FLAGS.iterations_per_loop,
+            max_eval_steps=FLAGS.max_eval_steps, optimizer=FLAGS.optimizer,
+            weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm,
+            mixed_precision=FLAGS.mixed_precision, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
+            gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
+            use_next_sentence_prediction=FLAGS.use_next_sentence_prediction, vocab_file=FLAGS.vocab_file,
+            do_lower_case=FLAGS.do_lower_case, seed=FLAGS.seed,
+        )
+        config.validate()
+    except (ConfigError, InputDataError, PretrainingError) as e:
+        fail(str(e))
+    strategy = bert_flags.make_strategy()
+    config = config.__class__(**{**config.__dict__, "jit_compile": bert_flags.use_jit(strategy)})
+    try:
+        results = run_pretraining(config, strategy)
+    except (InputDataError, PretrainingError, NonFiniteLossError) as e:
+        fail(str(e))
+    except TrainingPreempted as e:
+        bert_flags.logging.getLogger("bert_tf").warning(str(e))
+        sys.exit(EXIT_PREEMPTED)
+    if results:
+        print("***** Eval results *****")
+        for key in sorted(results):
+            print(f"  {key} = {results[key]}")
+
+
+if __name__ == "__main__":
+    app.run(main)
