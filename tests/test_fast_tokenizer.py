@@ -2,6 +2,7 @@
 
 import glob
 import json
+import pickle
 import unicodedata
 
 import pytest
@@ -99,6 +100,16 @@ def test_full_tokenizer_interface(tiny_vocab_file):
     ids = fast.encode_batch(["The cat sat on the mat."])[0]
     assert fast.convert_ids_to_tokens(ids) == fast.tokenize("The cat sat on the mat.")
     assert fast.convert_tokens_to_ids(fast.convert_ids_to_tokens(ids)) == ids
+
+
+def test_pickles_without_caches_and_rejects_a_bare_text(tiny_vocab_file):
+    fast = FastTokenizer(tiny_vocab_file)
+    texts = ["The cat sat, unwanted!", "how are you?"]
+    expected = fast.tokenize_batch(texts)
+    clone = pickle.loads(pickle.dumps(fast))
+    assert len(clone._pieces) == 0 and clone.tokenize_batch(texts) == expected
+    with pytest.raises(TypeError, match="single text"):
+        fast.tokenize_batch("the cat")
 
 
 def test_returned_lists_are_fresh(tiny_vocab_file):

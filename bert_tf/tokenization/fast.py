@@ -136,14 +136,30 @@ class FastTokenizer:
     def __init__(self, vocab_file: str, do_lower_case: bool = True, strip_accents: Optional[bool] = None,
                  cache_size: int = DEFAULT_CACHE_SIZE):
         self.vocab = load_vocab(vocab_file)
+        self.inv_vocab = {v: k for k, v in self.vocab.items()}
         self.do_lower_case = do_lower_case
         self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case, strip_accents=strip_accents)
-        self.inv_vocab = {v: k for k, v in self.vocab.items()}
         self.wordpiece_tokenizer = WordpieceTokenizer(vocab=self.vocab)
-        self._words = _ChunkCache(self._chunk_words, cache_size)
-        self._word_pieces = _ChunkCache(lambda w: tuple(self.wordpiece_tokenizer.tokenize_word(w)), cache_size)
-        self._pieces = _ChunkCache(self._chunk_pieces, cache_size)
-        self._ids = _ChunkCache(lambda c: tuple([self.vocab[p] for p in self._pieces[c]]), cache_size)
+        self._cache_size = cache_size
+        self._new_caches()
+
+    def _new_caches(self) -> None:
+        size = self._cache_size
+        self._words = _ChunkCache(self._chunk_words, size)  # chunk -> BasicTokenizer words
+        self._word_pieces = _ChunkCache(self._word_to_pieces, size)  # word -> wordpieces
+        self._pieces = _ChunkCache(self._chunk_pieces, size)  # chunk -> wordpieces
+        self._ids = _ChunkCache(self._chunk_ids, size)  # chunk -> ids
+
+    def __getstate__(self) -> dict:
+        # Send the rules and the vocab to worker processes, not the caches.
+        state = dict(self.__dict__)
+        for name in ("_words", "_word_pieces", "_pieces", "_ids"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._new_caches()
 
     def _chunk_words(self, chunk: str) -> Tuple[str, ...]:
         """BasicTokenizer words of one chunk (no separators inside; CJK ideographs alone)."""
@@ -162,12 +178,21 @@ class FastTokenizer:
             chunk = marks_re.sub("", unicodedata.normalize("NFD", chunk))
         return tuple(word_re.findall(chunk))
 
+    def _word_to_pieces(self, word: str) -> Tuple[str, ...]:
+        return tuple(self.wordpiece_tokenizer.tokenize_word(word))
+
     def _chunk_pieces(self, chunk: str) -> Tuple[str, ...]:
         word_pieces = self._word_pieces
         return tuple([piece for word in self._words[chunk] for piece in word_pieces[word]])
 
+    def _chunk_ids(self, chunk: str) -> Tuple[int, ...]:
+        vocab = self.vocab
+        return tuple([vocab[piece] for piece in self._pieces[chunk]])
+
     @staticmethod
     def _run(cache: _ChunkCache, texts: Iterable[Union[str, bytes]]) -> List[list]:
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("expected a list of texts, got a single text; use tokenize() for one")
         lookup = cache.__getitem__
         chain = itertools.chain.from_iterable
         return [list(chain(map(lookup, _chunks(text)))) for text in texts]
