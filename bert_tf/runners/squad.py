@@ -1,0 +1,343 @@
+"""SQuAD v1.1 / v2.0 fine-tuning: train on a train file, predict and evaluate on a dev file.
+
+The library side of run_squad.py. Two calls:
+  inputs = read_inputs(cfg)   # plain Python: checks the options and reads the JSON files
+  results = run(cfg, inputs)  # trains / predicts / evaluates (TensorFlow)
+`read_inputs` needs no TensorFlow, so a bad file or flag fails in a second instead of
+after the TensorFlow start-up; `run(cfg)` calls it itself when not given inputs.
+
+Files written into output_dir, as the original: `predictions.json` {id: text},
+`nbest_predictions.json` {id: [{text, probability, start_logit, end_logit}]} and,
+for v2.0, `null_odds.json` {id: score_null - best_non_null}. When the predict file
+carries answers, the official evaluation runs on the predictions and its numbers go
+to `eval_results.txt` (`key = value`, the official scripts' keys).
+
+Loss: the mean of the start and end cross-entropies (REFERENCE.md §3). Unlike the
+original, padding positions take no part in the softmax: with dynamic padding a
+batch's padding length varies, and the loss must not depend on it (post-processing
+never picks a padding position anyway).
+Dimensions: N features, S max_seq_length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from bert_tf.tasks import TaskDataError, squad, squad_metrics
+
+if TYPE_CHECKING:
+    from bert_tf.runners.common import RunSettings
+
+logger = logging.getLogger("bert_tf.squad")
+
+TASK_TYPE = "span"
+TASK_NAME = "squad"
+EVAL_RESULTS_FILE = "eval_results.txt"
+EVAL_SPLIT = "dev"
+# Added to the logits of padding positions before the softmax of the loss (as the attention mask).
+PADDING_LOGIT = -10000.0
+# The original logged this many featurized examples in detail (here with --verbose_logging).
+NUM_LOGGED_FEATURES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadRunConfig:
+    """What run_squad.py was asked to do; defaults are the original's flags.
+
+    run: how to train (model, strategy, optimizer); may be None for `read_inputs`.
+    """
+
+    output_dir: str
+    run: Optional["RunSettings"] = None
+    train_file: Optional[str] = None
+    predict_file: Optional[str] = None
+    version_2_with_negative: bool = False
+    do_train: bool = False
+    do_predict: bool = False
+    do_eval: bool = False  # predict on predict_file and require answers to evaluate against
+    do_lower_case: bool = True
+    max_seq_length: int = squad.DEFAULT_MAX_SEQ_LENGTH
+    doc_stride: int = squad.DEFAULT_DOC_STRIDE
+    max_query_length: int = squad.DEFAULT_MAX_QUERY_LENGTH
+    train_batch_size: int = 32
+    predict_batch_size: int = 8
+    num_train_epochs: float = 3.0
+    warmup_proportion: float = 0.1
+    n_best_size: int = squad.DEFAULT_N_BEST_SIZE
+    max_answer_length: int = squad.DEFAULT_MAX_ANSWER_LENGTH
+    null_score_diff_threshold: float = squad.DEFAULT_NULL_SCORE_DIFF_THRESHOLD
+    eval_every_steps: int = 0  # evaluate on predict_file during training, keep the best model
+    verbose_logging: bool = False
+
+    @property
+    def version(self) -> str:
+        return "2.0" if self.version_2_with_negative else "1.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadInputs:
+    """The files read and checked. dev_data: the predict file's "data" list when every question
+    carries answers (so the official evaluation can run), else None."""
+
+    train_examples: Optional[List[squad.SquadExample]]
+    predict_examples: Optional[List[squad.SquadExample]]
+    dev_data: Optional[list]
+
+
+# ----------------------------------------------------------------- options and files (no TensorFlow)
+def check_options(cfg: SquadRunConfig) -> None:
+    """Raises ValueError naming the flag for options that cannot work."""
+    if not (cfg.do_train or cfg.do_predict or cfg.do_eval):
+        raise ValueError("at least one of --do_train, --do_predict or --do_eval must be set")
+    if cfg.do_train and not cfg.train_file:
+        raise ValueError("--do_train needs --train_file")
+    if (cfg.do_predict or cfg.do_eval) and not cfg.predict_file:
+        raise ValueError("--do_predict and --do_eval need --predict_file")
+    if cfg.do_train and cfg.eval_every_steps and not cfg.predict_file:
+        raise ValueError("--eval_every_steps needs --predict_file (a dev file with answers)")
+    positive = dict(max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
+                    max_query_length=cfg.max_query_length, n_best_size=cfg.n_best_size,
+                    max_answer_length=cfg.max_answer_length, train_batch_size=cfg.train_batch_size,
+                    predict_batch_size=cfg.predict_batch_size)
+    for name, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"--{name} must be positive, got {value}")
+    if cfg.eval_every_steps < 0:
+        raise ValueError(f"--eval_every_steps must be >= 0, got {cfg.eval_every_steps}")
+
+
+def _questions(data):
+    """The question objects of a SQuAD "data" list; skips what is malformed (read_squad_examples reports it)."""
+    for article in data if isinstance(data, list) else []:
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        for paragraph in paragraphs if isinstance(paragraphs, list) else []:
+            qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
+            yield from (qa for qa in (qas if isinstance(qas, list) else []) if isinstance(qa, dict))
+
+
+def _check_version(path: str, data: list, version_2_with_negative: bool) -> None:
+    """A v2.0 file (unanswerable questions) read as v1.1 would train on / score against nothing."""
+    if version_2_with_negative:
+        return
+    for qa in _questions(data):
+        if qa.get("is_impossible") is True:
+            raise TaskDataError(f"{path}: question {qa.get('id')} is unanswerable (is_impossible: true), so this is "
+                                "a SQuAD v2.0 file; pass --version_2_with_negative")
+
+
+def _first_unscorable(data: list, version_2_with_negative: bool) -> Optional[str]:
+    """The id of the first question the official evaluation cannot score (no reference answers), or None."""
+    for qa in _questions(data):
+        answers = qa.get("answers")
+        if not isinstance(answers, list) or not all(isinstance(a, dict) and isinstance(a.get("text"), str)
+                                                    for a in answers):
+            return qa["id"]
+        if not answers and not (version_2_with_negative and qa.get("is_impossible") is True):
+            return qa["id"]
+    return None
+
+
+def _read(path: str, is_training: bool, version_2_with_negative: bool):
+    """(examples, the JSON's "data" list); TaskDataError for unreadable, malformed or mismatched files."""
+    data = squad_metrics.load_json(path, "a SQuAD dataset")
+    _check_version(path, data.get("data") if isinstance(data, dict) else None, version_2_with_negative)
+    examples = squad.read_squad_examples(path, is_training, version_2_with_negative)
+    if not examples:
+        raise TaskDataError(f"{path}: no questions")
+    return examples, data["data"]
+
+
+def read_inputs(cfg: SquadRunConfig) -> SquadInputs:
+    """Checks the options and reads the train and predict files (plain Python, no TensorFlow).
+
+    Raises ValueError / TaskDataError with a one-line message naming the flag or the file.
+    """
+    check_options(cfg)
+    train_examples = predict_examples = dev_data = None
+    if cfg.do_train:
+        train_examples, _ = _read(cfg.train_file, True, cfg.version_2_with_negative)
+    if cfg.do_predict or cfg.do_eval or (cfg.do_train and cfg.eval_every_steps):
+        predict_examples, data = _read(cfg.predict_file, False, cfg.version_2_with_negative)
+        missing = _first_unscorable(data, cfg.version_2_with_negative)
+        if missing is None:
+            dev_data = data
+        elif cfg.do_eval or cfg.eval_every_steps:
+            raise TaskDataError(f"{cfg.predict_file}: question {missing} has no reference answers, so it cannot "
+                                "be evaluated (--do_eval/--eval_every_steps need a dev file with answers)")
+    return SquadInputs(train_examples, predict_examples, dev_data)
+
+
+# ----------------------------------------------------------------- evaluation (no TensorFlow)
+def evaluate_predictions(dev_data: list, predictions, null_odds, cfg: SquadRunConfig) -> Dict[str, float]:
+    """The official metrics of `predictions` (v1.1: exact_match, f1; v2.0: the v2.0 script's dict
+    with `null_odds` as the no-answer probabilities, as `--na-prob-file null_odds.json`).
+
+    v2.0's no-answer threshold is the script's default 1.0, or the post-processing's
+    null_score_diff_threshold when higher, so it never overrules the predictions made.
+    """
+    if not cfg.version_2_with_negative:
+        return dict(squad_metrics.evaluate_v1(dev_data, predictions))
+    na_prob_thresh = max(squad_metrics.DEFAULT_NA_PROB_THRESH, cfg.null_score_diff_threshold)
+    return dict(squad_metrics.evaluate_v2(dev_data, predictions, null_odds, na_prob_thresh))
+
+
+def eval_results_text(results: Dict[str, float]) -> str:
+    """`key = value` lines in the official scripts' key order."""
+    return "".join(f"{key} = {value}\n" for key, value in results.items())
+
+
+# ----------------------------------------------------------------- TensorFlow side
+def span_loss(model, batch, training):
+    """Mean over the batch of (start cross-entropy + end cross-entropy) / 2; start/end accuracy.
+
+    batch: input_ids, input_mask, segment_ids int32 [B, S]; start_positions, end_positions int32 [B]
+    (0 = [CLS]: no answer in this window).
+    """
+    import tensorflow as tf
+
+    outputs = model(batch, training=training)
+    padding = (1.0 - tf.cast(batch["input_mask"], tf.float32)) * PADDING_LOGIT  # [B, S]
+    weight = tf.cast(tf.shape(padding)[0], tf.float32)
+    losses, metrics = [], {}
+    for side in ("start", "end"):
+        logits = tf.cast(outputs[f"{side}_logits"], tf.float32) + padding  # [B, S]
+        positions = tf.cast(batch[f"{side}_positions"], tf.int32)  # [B]
+        losses.append(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=positions, logits=logits))
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), positions), tf.float32)
+        metrics[f"{side}_accuracy"] = (tf.reduce_mean(correct), weight)
+    loss = tf.reduce_mean((losses[0] + losses[1]) / 2.0)
+    return loss, metrics
+
+
+def _featurize(cfg: SquadRunConfig, examples, tokenizer, is_training: bool, what: str):
+    features = squad.convert_examples_to_features(
+        examples, tokenizer, cfg.max_seq_length, cfg.doc_stride, cfg.max_query_length,
+        is_training=is_training, pad_to_max_length=False)
+    arrays = squad.features_to_arrays(features, cfg.max_seq_length)
+    logger.info("%s: %d questions -> %d features (max_seq_length %d, doc_stride %d)", what, len(examples),
+                len(features), cfg.max_seq_length, cfg.doc_stride)
+    if cfg.verbose_logging:
+        for f in features[:NUM_LOGGED_FEATURES]:
+            logger.info("feature %d (question %s, span %d): tokens %s; token_to_orig_map %s; "
+                        "token_is_max_context %s; start/end %s/%s", f.unique_id, examples[f.example_index].qas_id,
+                        f.doc_span_index, " ".join(f.tokens), f.token_to_orig_map,
+                        {k: int(v) for k, v in f.token_is_max_context.items()}, f.start_position, f.end_position)
+    return features, arrays
+
+
+def _tokenizer(cfg: SquadRunConfig):
+    from bert_tf.tokenization import FastTokenizer  # same pieces as FullTokenizer, batch-fast
+
+    return FastTokenizer(cfg.run.pretrained.vocab_file, do_lower_case=cfg.do_lower_case)
+
+
+def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, Dict[str, float]]:
+    """Trains / predicts / evaluates as asked; returns {"dev": official metrics} when evaluated."""
+    import numpy as np
+
+    from bert_tf import finetuning
+    from bert_tf.configs import write_text_atomic
+    from bert_tf.models import BertEncoder, BertSpanLabeler
+    from bert_tf.runners import common
+
+    if cfg.run is None:
+        raise finetuning.FinetuneError("SquadRunConfig.run (the RunSettings) is required to run")
+    inputs = inputs if inputs is not None else read_inputs(cfg)
+    settings = cfg.run
+    pretrained = settings.pretrained
+    if cfg.max_seq_length > pretrained.config.max_position_embeddings:
+        raise finetuning.FinetuneError(
+            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
+            f"{pretrained.config.max_position_embeddings}")
+    finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, task=TASK_NAME)
+    tokenizer = _tokenizer(cfg)
+
+    num_train_steps = 0
+    train_arrays = None
+    if cfg.do_train:
+        _, train_arrays = _featurize(cfg, inputs.train_examples, tokenizer, True, cfg.train_file)
+        del train_arrays["unique_ids"]
+        # As the original: steps from the number of questions, not of (more numerous) features.
+        num_train_steps = max(1, int(len(inputs.train_examples) / cfg.train_batch_size * cfg.num_train_epochs))
+    predict_features = predict_arrays = None
+    if inputs.predict_examples is not None:
+        predict_features, predict_arrays = _featurize(cfg, inputs.predict_examples, tokenizer, False,
+                                                      cfg.predict_file)
+
+    def model_fn():
+        return BertSpanLabeler(BertEncoder(pretrained.config))
+
+    trainer = common.make_trainer(settings, cfg.output_dir, model_fn, span_loss, num_train_steps=num_train_steps,
+                                  global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
+    finetuning.write_model_dir_files(
+        cfg.output_dir, pretrained, do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
+        task_type=TASK_TYPE, task=TASK_NAME, version_2_with_negative=cfg.version_2_with_negative,
+        doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
+
+    last = {}  # the latest predictions: {"step", "predictions", "nbest", "null_odds", "metrics"}
+
+    def predict_and_score():
+        step = int(trainer.global_step.numpy())
+        if last.get("step") == step:
+            return last
+        outputs = finetuning.predict(trainer.model, predict_arrays, cfg.predict_batch_size, sequence_outputs=True,
+                                     dynamic_padding=settings.dynamic_padding)
+        results = [squad.RawResult(int(uid), start, end) for uid, start, end in
+                   zip(predict_arrays["unique_ids"], outputs["start_logits"], outputs["end_logits"], strict=True)]
+        predictions, nbest, null_odds = squad.compute_predictions(
+            inputs.predict_examples, predict_features, results, cfg.n_best_size, cfg.max_answer_length,
+            cfg.do_lower_case, cfg.version_2_with_negative, cfg.null_score_diff_threshold)
+        metrics = None
+        if inputs.dev_data is not None:
+            metrics = evaluate_predictions(inputs.dev_data, predictions, null_odds, cfg)
+            metrics["global_step"] = step
+            logger.info("SQuAD v%s eval at step %d: %s", cfg.version, step,
+                        " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                 for k, v in metrics.items() if k != "global_step"))
+        last.update(step=step, predictions=predictions, nbest=nbest, null_odds=null_odds, metrics=metrics)
+        return last
+
+    results: Dict[str, Dict[str, float]] = {}
+    if cfg.do_train:
+        trainer.run_summary(len(inputs.train_examples), int(num_train_steps * cfg.warmup_proportion),
+                            extra={"task": f"SQuAD v{cfg.version}", "train features": len(train_arrays["input_ids"])})
+        dataset_fn = finetuning.arrays_dataset_fn(train_arrays, training=True, seed=settings.seed,
+                                                  dynamic_padding=settings.dynamic_padding)
+        eval_every = cfg.eval_every_steps if inputs.dev_data is not None else 0
+        key = "best_f1" if cfg.version_2_with_negative else "f1"
+        results = common.train_with_periodic_eval(
+            trainer, dataset_fn, num_train_steps, eval_every, lambda: {EVAL_SPLIT: predict_and_score()["metrics"]},
+            metric=(EVAL_SPLIT, key), output_dir=cfg.output_dir)
+    else:
+        trainer.restore()
+
+    if cfg.do_predict or cfg.do_eval:
+        out = predict_and_score()
+        written = squad.write_prediction_files(cfg.output_dir, out["predictions"], out["nbest"], out["null_odds"],
+                                               cfg.version_2_with_negative)
+        logger.info("wrote %s in %s (%d questions)", ", ".join(written), cfg.output_dir, len(out["predictions"]))
+        if out["metrics"] is not None:
+            results = {EVAL_SPLIT: out["metrics"]}
+            write_text_atomic(os.path.join(cfg.output_dir, EVAL_RESULTS_FILE), eval_results_text(out["metrics"]))
+            logger.info("wrote %s", EVAL_RESULTS_FILE)
+            if cfg.version_2_with_negative:
+                m = out["metrics"]
+                logger.info(
+                    "best null threshold: best_f1 %.4f at %.4f, best_exact %.4f at %.4f (f1 %.4f at the "
+                    "threshold used, %g); to apply it re-run prediction with --null_score_diff_threshold=%.4f",
+                    m["best_f1"], m["best_f1_thresh"], m["best_exact"], m["best_exact_thresh"], m["f1"],
+                    cfg.null_score_diff_threshold, m["best_f1_thresh"])
+        elif cfg.do_predict:
+            logger.info("%s has no reference answers: predictions only, no evaluation", cfg.predict_file)
+        if cfg.version_2_with_negative:
+            odds = np.array(list(out["null_odds"].values()), np.float64)
+            logger.info("null odds (score_null - best_non_null): min %.3f median %.3f max %.3f",
+                        odds.min(), float(np.median(odds)), odds.max())
+    return results
+
+
+__all__ = ["SquadInputs", "SquadRunConfig", "check_options", "evaluate_predictions", "read_inputs", "run",
+           "span_loss"]

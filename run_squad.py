@@ -1,0 +1,78 @@
+"""BERT fine-tuning for extractive question answering: SQuAD v1.1 and v2.0.
+
+The original's flags, defaults and files (predictions.json, nbest_predictions.json,
+null_odds.json for v2.0). When --predict_file carries answers (a dev file), the
+official evaluation runs on the predictions and writes eval_results.txt; for v2.0
+it also reports the best --null_score_diff_threshold.
+
+  python run_squad.py --vocab_file=uncased_L-12_H-768_A-12/vocab.txt \
+    --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
+    --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
+    --do_train --train_file=train-v1.1.json --do_predict --predict_file=dev-v1.1.json \
+    --train_batch_size=12 --learning_rate=3e-5 --num_train_epochs=2.0 \
+    --max_seq_length=384 --doc_stride=128 --output_dir=/tmp/squad_base
+"""
+
+from absl import app, flags
+
+import bert_flags
+from bert_flags import FLAGS, fail
+
+flags.DEFINE_string("train_file", None, "--do_train: the SQuAD JSON to train on (train-v1.1.json, train-v2.0.json).")
+flags.DEFINE_string("predict_file", None, "--do_predict: the SQuAD JSON to answer (dev-v1.1.json, ...); when its "
+                    "questions carry answers, the predictions are also scored with the official metrics.")
+flags.DEFINE_integer("doc_stride", 128, "A context too long for one window is cut into overlapping windows that "
+                     "start this many word pieces apart.")
+flags.DEFINE_integer("max_query_length", 64, "Questions are cut to this many word pieces.")
+flags.DEFINE_integer("n_best_size", 20, "Candidates kept per window and start/end side, and answers listed per "
+                     "question in nbest_predictions.json.")
+flags.DEFINE_integer("max_answer_length", 30, "Longest answer (in word pieces) post-processing accepts.")
+flags.DEFINE_bool("verbose_logging", False, "Log the first featurized windows in detail (tokens, maps, positions).")
+flags.DEFINE_bool("version_2_with_negative", False, "SQuAD 2.0: questions may be unanswerable (is_impossible); "
+                  "the answer is empty when the null answer wins.")
+flags.DEFINE_float("null_score_diff_threshold", 0.0, "SQuAD 2.0: answer \"\" when score_null - best_non_null is "
+                   "above this; the evaluation of a dev file reports the best value (typically -1 to -5).")
+bert_flags.define_finetuning_flags(max_seq_length=384)
+
+
+def main(_):
+    from bert_tf.runners.squad import SquadRunConfig, read_inputs  # no TensorFlow yet
+    from bert_tf.tasks import TaskDataError
+
+    if not FLAGS.output_dir:
+        fail("--output_dir is required")
+    cfg = SquadRunConfig(
+        output_dir=FLAGS.output_dir, train_file=FLAGS.train_file, predict_file=FLAGS.predict_file,
+        version_2_with_negative=FLAGS.version_2_with_negative, do_train=FLAGS.do_train, do_predict=FLAGS.do_predict,
+        do_eval=FLAGS.do_eval, do_lower_case=FLAGS.do_lower_case, max_seq_length=FLAGS.max_seq_length,
+        doc_stride=FLAGS.doc_stride, max_query_length=FLAGS.max_query_length,
+        train_batch_size=FLAGS.train_batch_size, predict_batch_size=FLAGS.predict_batch_size,
+        num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
+        n_best_size=FLAGS.n_best_size, max_answer_length=FLAGS.max_answer_length,
+        null_score_diff_threshold=FLAGS.null_score_diff_threshold, eval_every_steps=FLAGS.eval_every_steps,
+        verbose_logging=FLAGS.verbose_logging)
+    # Bad flags and files fail here, before the TensorFlow start-up.
+    try:
+        inputs = read_inputs(cfg)
+    except (TaskDataError, ValueError) as e:
+        fail(str(e))
+
+    bert_flags.setup_logging()
+    import dataclasses
+
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.runners.squad import run
+
+    cfg = dataclasses.replace(cfg, run=bert_flags.finetune_settings())
+    try:
+        results = run(cfg, inputs)
+    except (FinetuneError, TaskDataError, ValueError) as e:
+        fail(str(e))
+    for split, split_results in results.items():
+        print(f"***** Eval results ({split}, SQuAD v{cfg.version}) *****")
+        for key, value in split_results.items():
+            print(f"  {key} = {value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,188 @@
+"""run_squad.py end to end on a tiny model: the original's files, built-in official evaluation, learning, errors.
+
+Two TensorFlow runs in all (TF start-up dominates): a v2.0 fine-tune + predict on a
+synthetic task, and a v1.1 evaluation from the model it wrote. Bad input fails before
+TensorFlow starts, so those cases are cheap.
+"""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TESTDATA
+
+from bert_tf.tasks import squad, squad_metrics
+
+# A task a tiny model learns in a few dozen steps: the answer is the one number word in
+# the context; a third of the v2.0 questions have none (unanswerable).
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+         "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
+NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "which", "number", "?"] + WORDS + NUMBERS
+TINY_CONFIG = dict(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
+# Contexts of up to 21 words in 24-piece windows (18 for the context): long ones get several windows.
+WINDOW_ARGS = ["--max_seq_length=24", "--doc_stride=8"]
+TRAIN_QUESTIONS, BATCH, EPOCHS = 96, 16, 6
+N_BEST = 5
+
+
+def synthetic_squad(n, seed, v2, prefix):
+    rng = random.Random(seed)
+    paragraphs = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(6, 20))]
+        qa = {"id": f"{prefix}-{i}", "question": "which number ?"}
+        if v2 and i % 3 == 2:
+            qa.update(answers=[], is_impossible=True)
+        else:
+            pos = rng.randrange(len(words) + 1)
+            answer = rng.choice(NUMBERS)
+            words.insert(pos, answer)
+            start = len(" ".join(words[:pos])) + (1 if pos else 0)
+            qa["answers"] = [{"text": answer, "answer_start": start}]
+            if v2:
+                qa["is_impossible"] = False
+        paragraphs.append({"context": " ".join(words), "qas": [qa]})
+    return {"version": "v2.0" if v2 else "1.1", "data": [{"title": "synthetic", "paragraphs": paragraphs}]}
+
+
+def run_squad(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, str(REPO / "run_squad.py"), *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=600)
+
+
+def read_eval_results(path):
+    pairs = [line.split(" = ") for line in path.read_text().splitlines()]
+    return {k: float(v) for k, v in pairs}, [k for k, _ in pairs]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("squad")
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
+    for name, data in [("train.json", synthetic_squad(TRAIN_QUESTIONS, 1, True, "train")),
+                       ("dev.json", synthetic_squad(30, 2, True, "dev")),
+                       ("dev1.json", synthetic_squad(20, 3, False, "dev1"))]:
+        (folder / name).write_text(json.dumps(data))
+    return folder
+
+
+def model_args(files):
+    return [f"--vocab_file={files / 'vocab.txt'}", f"--bert_config_file={files / 'bert_config.json'}"]
+
+
+@pytest.fixture(scope="module")
+def trained_v2(files):
+    out = files / "out_v2"
+    result = run_squad(*model_args(files), f"--output_dir={out}", "--version_2_with_negative",
+                       "--do_train", f"--train_file={files / 'train.json'}",
+                       "--do_predict", f"--predict_file={files / 'dev.json'}", *WINDOW_ARGS,
+                       f"--train_batch_size={BATCH}", f"--num_train_epochs={EPOCHS}", "--learning_rate=2e-3",
+                       f"--n_best_size={N_BEST}", "--iterations_per_loop=12")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_v2_train_predict_writes_the_original_files(files, trained_v2):
+    out, _ = trained_v2
+    dev = json.loads((files / "dev.json").read_text())
+    qids = [qa["id"] for p in dev["data"][0]["paragraphs"] for qa in p["qas"]]
+    predictions = json.loads((out / "predictions.json").read_text())
+    nbest = json.loads((out / "nbest_predictions.json").read_text())
+    null_odds = json.loads((out / "null_odds.json").read_text())
+    assert list(predictions) == qids and list(nbest) == qids and list(null_odds) == qids
+    for qid in qids:
+        entries = nbest[qid]
+        assert 1 <= len(entries) <= N_BEST + 1  # n-best plus the null answer when it fell outside
+        assert all(set(e) == {"text", "probability", "start_logit", "end_logit"} for e in entries)
+        assert math.isclose(sum(e["probability"] for e in entries), 1.0, rel_tol=1e-6)
+        assert "" in [e["text"] for e in entries]  # v2.0: the null answer always competes
+        best_non_null = next((e for e in entries if e["text"]), None)
+        if best_non_null is None:
+            # No valid span among the top starts/ends (the original crashed here): certainly null.
+            assert predictions[qid] == "" and null_odds[qid] == squad.NULL_ODDS_WITHOUT_SPAN
+            continue
+        null = next(e for e in entries if not e["text"])
+        # null_odds = score_null - best_non_null, and the threshold (0.0) decides the prediction.
+        assert math.isclose(null_odds[qid], null["start_logit"] + null["end_logit"]
+                            - best_non_null["start_logit"] - best_non_null["end_logit"], abs_tol=1e-4)
+        assert predictions[qid] == ("" if null_odds[qid] > 0.0 else best_non_null["text"])
+    info = json.loads((out / "bert_tf_info.json").read_text())
+    assert info["task_type"] == "span" and info["do_lower_case"] is True
+    assert (info["max_seq_length"], info["doc_stride"], info["max_query_length"]) == (24, 8, 64)
+    steps = int(TRAIN_QUESTIONS / BATCH * EPOCHS)
+    assert (out / f"ckpt-{steps}.index").exists()
+
+
+def test_v2_learns_and_reports_official_metrics(trained_v2):
+    out, result = trained_v2
+    results, keys = read_eval_results(out / "eval_results.txt")
+    assert keys == ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
+                    "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh", "global_step"]
+    assert (results["total"], results["HasAns_total"], results["NoAns_total"]) == (30, 20, 10)
+    # An untrained head finds no number (exact ~0); the fine-tuned one finds it and spots its absence.
+    assert results["HasAns_exact"] >= 90 and results["NoAns_exact"] >= 80, results
+    assert results["best_f1"] >= results["f1"]
+    assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f}" in result.stderr
+
+
+def test_builtin_eval_equals_the_official_command(files, trained_v2):
+    # What `evaluate_squad.py --version 2.0 dev.json predictions.json --na-prob-file null_odds.json` computes.
+    out, _ = trained_v2
+    official = squad_metrics.evaluate_files(str(files / "dev.json"), str(out / "predictions.json"), "2.0",
+                                            str(out / "null_odds.json"))
+    results, _ = read_eval_results(out / "eval_results.txt")
+    assert set(official) == set(results) - {"global_step"}
+    for key, value in official.items():
+        assert math.isclose(results[key], value, rel_tol=1e-12), key
+
+
+def test_v1_eval_from_the_finetuned_model_dir(files, trained_v2, tmp_path):
+    model_dir, _ = trained_v2
+    out = tmp_path / "out_v1"
+    result = run_squad(f"--init_checkpoint={model_dir}", f"--output_dir={out}", "--do_eval",
+                       f"--predict_file={files / 'dev1.json'}", *WINDOW_ARGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results, keys = read_eval_results(out / "eval_results.txt")
+    assert keys == ["exact_match", "f1", "global_step"]
+    assert results["exact_match"] >= 90, results  # the head came along with the encoder
+    assert not (out / "null_odds.json").exists()
+    predictions = json.loads((out / "predictions.json").read_text())
+    assert len(predictions) == 20 and all(predictions.values())  # v1.1: always a span
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--do_train"], "--do_train needs --train_file"),
+        (["--do_train", "--train_file=/nonexistent/train.json"], "/nonexistent/train.json: cannot read file"),
+        (["--do_train", "--train_file={bad_json}"], "not valid JSON for a SQuAD dataset"),
+        (["--do_train", f"--train_file={TESTDATA / 'squad_tiny_v2.json'}"], "pass --version_2_with_negative"),
+        (["--do_eval", "--predict_file={no_answers}"], "question x-1 has no reference answers"),
+        (["--do_predict", f"--predict_file={TESTDATA / 'squad_tiny_v2.json'}", "--version_2_with_negative",
+          "--doc_stride=0"], "--doc_stride must be positive"),
+        ([f"--predict_file={TESTDATA / 'squad_tiny_v2.json'}"], "at least one of --do_train"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_output_alone(files, tmp_path, args, message):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"version": "1.1", "data": [\n')
+    no_answers = tmp_path / "test.json"
+    no_answers.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": "one two", "qas": [{"id": "x-1", "question": "which number ?"}]}]}]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    args = [a.format(bad_json=bad_json, no_answers=no_answers) for a in args]
+    result = run_squad(*model_args(files), f"--output_dir={out}", *args)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, result.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
