@@ -18,7 +18,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["bert_tf", "bert_tf.*"]),
-    package_data={"bert_tf.resources": ["*.txt"]},
+    package_data={"bert_tf.resources": ["*.txt", "testament/*.tsv"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
         "tensorflow==2.20.*",
@@ -27,6 +27,7 @@ setup(
         "absl-py>=1.0",
         "numpy",
         "safetensors>=0.4",  # Hugging Face BERT weights
+        "google-crc32c>=1.5",  # TFRecord framing without TensorFlow in the data workers (3x faster than pure Python)
     ],
     extras_require={
         "test": TEST,

@@ -17,6 +17,9 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
+from bert_tf import fileio
+from bert_tf.fileio import write_text_atomic  # noqa: F401  (re-exported: many modules import it from here)
+
 # Activations the original `modeling.get_activation` knows. "gelu" is the tanh
 # approximation in the original (REFERENCE.md §3).
 KNOWN_ACTIVATIONS = ("gelu", "relu", "tanh", "linear")
@@ -123,11 +126,9 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str) -> "BertConfig":
-        import tensorflow as tf  # gs:// paths
-
-        if not tf.io.gfile.exists(path):
+        if not fileio.exists(path):
             raise ConfigError(f"{path}: bert config file not found")
-        with tf.io.gfile.GFile(path, "r") as f:
+        with fileio.open_file(path, "r") as f:
             text = f.read()
         try:
             values = json.loads(text)
@@ -178,16 +179,6 @@ RELEASED_SIZES = {
 }
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary name, so a crash never leaves half a file."""
-    import tensorflow as tf
-
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
 # ------------------------------------------------------------------ casing
 RUN_INFO_FILE = "bert_tf_info.json"
 
@@ -206,12 +197,10 @@ def write_run_info(model_dir: str, *, do_lower_case: bool, **extra) -> None:
 
 
 def read_run_info(model_dir: str) -> dict:
-    import tensorflow as tf
-
     path = os.path.join(model_dir, RUN_INFO_FILE)
-    if not tf.io.gfile.exists(path):
+    if not fileio.exists(path):
         return {}
-    with tf.io.gfile.GFile(path, "r") as f:
+    with fileio.open_file(path, "r") as f:
         return json.load(f)
 
 

@@ -163,7 +163,8 @@ def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE) -
     longest = tf.reduce_max(tf.reduce_sum(tf.cast(mask, tf.int32), axis=-1))
     full = tf.shape(mask)[-1]
     length = tf.minimum(full, (longest + multiple - 1) // multiple * multiple)
-    return {k: (v[..., :length] if k in SEQUENCE_KEYS else v) for k, v in batch.items()}
+    # label_ids is per token only for tagging ([B, S]); per example ([B]) it is left alone.
+    return {k: (v[..., :length] if k in SEQUENCE_KEYS and v.shape.rank >= 2 else v) for k, v in batch.items()}
 
 
 def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed: int = 12345,

@@ -84,7 +84,7 @@ def test_vocab_works_with_full_tokenizer(tmp_path):
     vocab_builder.write_vocab(str(path), vocab)
     ids = read_vocab(str(path))  # the original's vocab rules (TensorFlow-free loader)
     assert ids == {t: i for i, t in enumerate(vocab)}
-    tok = make_tokenizer(str(path), ids, do_lower_case=True, strip_accents=None)
+    tok = make_tokenizer(str(path), do_lower_case=True, strip_accents=None)
     pieces = tok.tokenize_batch(["Unbelievably quick foxes jumped!"])[0]
     assert "[UNK]" not in pieces and "".join(p.replace("##", "") for p in pieces) == "unbelievablyquickfoxesjumped!"
     assert [ids[t] for t in ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]] == [100, 101, 102, 103]

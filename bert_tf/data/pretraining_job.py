@@ -75,61 +75,26 @@ class PretrainingDataConfig:
 
 # ------------------------------------------------------------------ vocab and tokenizer
 def read_vocab(vocab_file: str) -> Dict[str, int]:
-    """token -> id as the original's load_vocab (split on "\\n", strip); local files without TensorFlow."""
-    if "://" in vocab_file:
-        from bert_tf.tokenization import load_vocab
+    """token -> id (the original's rules) with the tokens the data tool needs; one-line errors."""
+    from bert_tf.tokenization import VocabError, check_special_tokens, load_vocab
 
-        return dict(load_vocab(vocab_file))
     try:
-        with open(vocab_file, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise PretrainingDataError(f"vocab_file: cannot read {vocab_file}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PretrainingDataError(f"vocab_file: {vocab_file} is not UTF-8 text (byte {e.start})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    vocab = {line.strip(): i for i, line in enumerate(lines)}
-    missing = [t for t in REQUIRED_TOKENS if t not in vocab]
-    if missing:
-        raise PretrainingDataError(f"vocab_file: {vocab_file} has no {', '.join(missing)} token")
-    return vocab
+        vocab = load_vocab(vocab_file)
+        check_special_tokens(vocab, vocab_file, REQUIRED_TOKENS)
+    except VocabError as e:
+        raise PretrainingDataError(f"vocab_file: {e}") from None
+    return dict(vocab)
 
 
-def make_tokenizer(vocab_file: str, vocab: Dict[str, int], do_lower_case: bool, strip_accents: Optional[bool]):
-    """The fast batch tokenizer (exactly FullTokenizer's output), built from an already read vocab.
-
-    The tokenizers' constructors read the vocab through `load_vocab`, which
-    imports TensorFlow (~800 MB per process). For local files we hand them the
-    vocab we already read (same rules) so no worker pays for TensorFlow.
-    TODO: drop the swap once `load_vocab` imports TensorFlow only for remote paths.
-    """
-    import importlib
-
+def make_tokenizer(vocab_file: str, do_lower_case: bool, strip_accents: Optional[bool]):
+    """The fast batch tokenizer (exactly FullTokenizer's output); FullTokenizer if the fast one is absent."""
     from bert_tf import tokenization
 
     try:
         cls = tokenization.FastTokenizer
     except (AttributeError, ImportError):  # the fast path is optional
         cls = tokenization.FullTokenizer
-    if "://" in vocab_file:
-        return cls(vocab_file, do_lower_case=do_lower_case, strip_accents=strip_accents)
-    module = importlib.import_module(cls.__module__)
-    original = module.load_vocab
-    module.load_vocab = lambda _path: _ordered(vocab)
-    try:
-        return cls(vocab_file, do_lower_case=do_lower_case, strip_accents=strip_accents)
-    finally:
-        module.load_vocab = original
-
-
-def _ordered(vocab: Dict[str, int]):
-    import collections
-
-    return collections.OrderedDict(vocab)
+    return cls(vocab_file, do_lower_case=do_lower_case, strip_accents=strip_accents)
 
 
 # ------------------------------------------------------------------ worker side
@@ -139,7 +104,7 @@ class _Worker:
     def __init__(self, config: PretrainingDataConfig, vocab: Dict[str, int]):
         self.config = config
         self.options = config.instance_options
-        self.tokenizer = make_tokenizer(config.vocab_file, vocab, config.do_lower_case, config.strip_accents)
+        self.tokenizer = make_tokenizer(config.vocab_file, config.do_lower_case, config.strip_accents)
         self.vocab_size = max(vocab.values()) + 1
         self.cls_id, self.sep_id, self.mask_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"]
         self.is_continuation = np.zeros(self.vocab_size, dtype=bool)

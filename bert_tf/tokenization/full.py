@@ -52,12 +52,12 @@ def convert_to_unicode(text: Union[str, bytes]) -> str:
 
 def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
     """Token -> id, id = line number; lines are stripped as in the original."""
-    import tensorflow as tf  # gs:// paths
+    from bert_tf import fileio
 
-    if not tf.io.gfile.exists(vocab_file):
+    if not fileio.exists(vocab_file):
         raise VocabError(f"{vocab_file}: vocab file not found")
     vocab: "collections.OrderedDict[str, int]" = collections.OrderedDict()
-    with tf.io.gfile.GFile(vocab_file, "rb") as f:
+    with fileio.open_file(vocab_file, "rb") as f:
         data = f.read()
     try:
         text = data.decode("utf-8")
