@@ -1,0 +1,71 @@
+"""Exports a self-contained SavedModel that serves raw text (vocab, casing, max_seq_length inside).
+
+  # a fine-tuned model_dir (bert_config.json, vocab.txt, bert_tf_info.json, ckpt-<step>)
+  python export_savedmodel.py --model_dir=out/mrpc --export_dir=export/mrpc
+  # its encoder only, TF-Hub style
+  python export_savedmodel.py --model_dir=out/mrpc --task_type=encoder --export_dir=export/mrpc_encoder
+  # a pretrained encoder: original TF1 checkpoint, Hugging Face folder, or ours
+  python export_savedmodel.py --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
+      --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
+      --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --do_lower_case=True --export_dir=export/encoder
+
+Load it with only `import tensorflow as tf, tensorflow_text`: `tf.saved_model.load(export_dir)
+.signatures["serving_default"](text_a=tf.constant([...]), text_b=tf.constant([""]))`.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("model_dir", None, "A fine-tuned (or pretraining) model_dir to export.")
+flags.DEFINE_string("init_checkpoint", None, "Or: a pretrained checkpoint (TF1, Hugging Face, ours); exports the encoder.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json for --init_checkpoint.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt for --init_checkpoint.")
+flags.DEFINE_bool("do_lower_case", True, "Casing for --init_checkpoint (a model_dir records its own).")
+flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (written to a temporary name, then renamed).")
+flags.DEFINE_integer("max_seq_length", None,
+                     "Sequence length of the serving inputs. Default: the model_dir's; 128 for --init_checkpoint.")
+flags.DEFINE_enum("task_type", None, ["encoder", "classification", "regression", "span", "multiple_choice", "tagging"],
+                  "What to export. Default: the model_dir's task (its encoder for pretraining).")
+flags.DEFINE_integer("max_query_length", 64, "span: question pieces kept.")
+flags.DEFINE_integer("max_answer_length", 30, "span: longest answer in pieces.")
+flags.DEFINE_bool("overwrite", False, "Replace a non-empty --export_dir.")
+flags.mark_flag_as_required("export_dir")
+
+DEFAULT_ENCODER_SEQ_LENGTH = 128
+
+
+def main(argv):
+    del argv
+    from bert_tf import export
+    from bert_tf.checkpoints import CheckpointError
+    from bert_tf.configs import ConfigError
+    from bert_tf.tokenization import VocabError
+
+    try:
+        if bool(FLAGS.model_dir) == bool(FLAGS.init_checkpoint):
+            raise export.ExportError("pass exactly one of --model_dir and --init_checkpoint")
+        if FLAGS.model_dir:
+            out = export.export_model_dir(
+                FLAGS.model_dir, FLAGS.export_dir, export_type=FLAGS.task_type, max_seq_length=FLAGS.max_seq_length,
+                overwrite=FLAGS.overwrite, max_query_length=FLAGS.max_query_length,
+                max_answer_length=FLAGS.max_answer_length)
+        else:
+            if FLAGS.task_type not in (None, "encoder"):
+                raise export.ExportError("--init_checkpoint exports an encoder; use --model_dir for task models")
+            out = export.export_checkpoint(
+                FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
+                FLAGS.export_dir, FLAGS.max_seq_length or DEFAULT_ENCODER_SEQ_LENGTH, overwrite=FLAGS.overwrite)
+    except (export.ExportError, CheckpointError, ConfigError, VocabError) as e:
+        print(f"export_savedmodel.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"wrote SavedModel {out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
