@@ -53,6 +53,7 @@ _PY_SPACES = [chr(cp) for cp in range(0x3001) if chr(cp).isspace()]
 # ... of which the original's cleaning deletes these (control characters),
 # so they must not separate words.
 _DROPPED_SPACES = "".join(c for c in _PY_SPACES if BasicTokenizer._clean_text(c) == "")
+assert not any(c.isprintable() for c in _DROPPED_SPACES)  # _chunks relies on it
 _DROPPED_SPACES_RE = re.compile("[" + re.escape(_DROPPED_SPACES) + "]")
 _ASCII_DROPPED_SPACES_RE = re.compile("[" + re.escape("".join(c for c in _DROPPED_SPACES if c.isascii())) + "]")
 _CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
@@ -96,11 +97,13 @@ def _chunks(text: Union[str, bytes]) -> List[str]:
     """The raw chunks of one text, in order (see the module docstring)."""
     if not isinstance(text, str):
         text = convert_to_unicode(text)
+    # isprintable() (a fast C scan) is False for every character that needs
+    # removing here (all are category Cc), so it spares most texts the regex.
     if text.isascii():  # O(1) for str: a flag CPython keeps
-        if _ASCII_DROPPED_SPACES_RE.search(text) is not None:
+        if not text.isprintable() and _ASCII_DROPPED_SPACES_RE.search(text) is not None:
             text = _ASCII_DROPPED_SPACES_RE.sub("", text)
         return text.split()
-    if _DROPPED_SPACES_RE.search(text) is not None:
+    if not text.isprintable() and _DROPPED_SPACES_RE.search(text) is not None:
         text = _DROPPED_SPACES_RE.sub("", text)
     return _CHUNK_RE.findall(text)
 
