@@ -1,8 +1,8 @@
 """run_squad.py end to end on a tiny model: the original's files, built-in official evaluation, learning, errors.
 
-Two TensorFlow runs in all (TF start-up dominates): a v2.0 fine-tune + predict on a
-synthetic task, and a v1.1 evaluation from the model it wrote. Bad input fails before
-TensorFlow starts, so those cases are cheap.
+Two TensorFlow runs in all, side by side (TF start-up dominates): a v2.0 and a v1.1
+fine-tune + predict on a synthetic task. Bad input fails before TensorFlow starts, so
+those cases are cheap.
 """
 
 import json
@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import REPO, TESTDATA
 
-from bert_tf.tasks import squad, squad_metrics
+from bert_tf.tasks import TaskDataError, squad, squad_metrics
 
 # A task a tiny model learns in a few dozen steps: the answer is the one number word in
 # the context; a third of the v2.0 questions have none (unanswerable).
@@ -51,10 +51,17 @@ def synthetic_squad(n, seed, v2, prefix):
     return {"version": "v2.0" if v2 else "1.1", "data": [{"title": "synthetic", "paragraphs": paragraphs}]}
 
 
+def squad_command(*args):
+    return [sys.executable, str(REPO / "run_squad.py"), *args]
+
+
+def squad_env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+
+
 def run_squad(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / "run_squad.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    return subprocess.run(squad_command(*args), capture_output=True, text=True, env=squad_env(), cwd=REPO,
+                          timeout=600)
 
 
 def read_eval_results(path):
@@ -69,6 +76,7 @@ def files(tmp_path_factory):
     (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
     for name, data in [("train.json", synthetic_squad(TRAIN_QUESTIONS, 1, True, "train")),
                        ("dev.json", synthetic_squad(30, 2, True, "dev")),
+                       ("train1.json", synthetic_squad(TRAIN_QUESTIONS, 4, False, "train1")),
                        ("dev1.json", synthetic_squad(20, 3, False, "dev1"))]:
         (folder / name).write_text(json.dumps(data))
     return folder
@@ -79,15 +87,31 @@ def model_args(files):
 
 
 @pytest.fixture(scope="module")
-def trained_v2(files):
-    out = files / "out_v2"
-    result = run_squad(*model_args(files), f"--output_dir={out}", "--version_2_with_negative",
-                       "--do_train", f"--train_file={files / 'train.json'}",
-                       "--do_predict", f"--predict_file={files / 'dev.json'}", *WINDOW_ARGS,
-                       f"--train_batch_size={BATCH}", f"--num_train_epochs={EPOCHS}", "--learning_rate=2e-3",
-                       f"--n_best_size={N_BEST}", "--iterations_per_loop=12")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out, result
+def runs(files):
+    """The two TensorFlow runs, started side by side (most of their time is TensorFlow's start-up):
+    v2.0 and v1.1, each a fine-tune on the synthetic task and a prediction on its dev file."""
+    common = [*model_args(files), *WINDOW_ARGS, f"--train_batch_size={BATCH}", f"--num_train_epochs={EPOCHS}",
+              "--learning_rate=2e-3", "--iterations_per_loop=12", "--do_train"]
+    commands = {
+        "v2": squad_command(*common, f"--output_dir={files / 'out_v2'}", "--version_2_with_negative",
+                            f"--train_file={files / 'train.json'}", "--do_predict",
+                            f"--predict_file={files / 'dev.json'}", f"--n_best_size={N_BEST}"),
+        "v1": squad_command(*common, f"--output_dir={files / 'out_v1'}", f"--train_file={files / 'train1.json'}",
+                            "--do_eval", f"--predict_file={files / 'dev1.json'}"),
+    }
+    procs = {k: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=squad_env(),
+                                 cwd=REPO) for k, c in commands.items()}
+    results = {}
+    for key, proc in procs.items():
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{key}: {stderr[-3000:]}"
+        results[key] = (files / f"out_{key}", stderr)
+    return results
+
+
+@pytest.fixture(scope="module")
+def trained_v2(runs):
+    return runs["v2"]
 
 
 def test_v2_train_predict_writes_the_original_files(files, trained_v2):
@@ -122,7 +146,7 @@ def test_v2_train_predict_writes_the_original_files(files, trained_v2):
 
 
 def test_v2_learns_and_reports_official_metrics(trained_v2):
-    out, result = trained_v2
+    out, stderr = trained_v2
     results, keys = read_eval_results(out / "eval_results.txt")
     assert keys == ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
                     "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh", "global_step"]
@@ -130,7 +154,7 @@ def test_v2_learns_and_reports_official_metrics(trained_v2):
     # An untrained head finds no number (exact ~0); the fine-tuned one finds it and spots its absence.
     assert results["HasAns_exact"] >= 90 and results["NoAns_exact"] >= 80, results
     assert results["best_f1"] >= results["f1"]
-    assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f}" in result.stderr
+    assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f}" in stderr
 
 
 def test_builtin_eval_equals_the_official_command(files, trained_v2):
@@ -144,18 +168,20 @@ def test_builtin_eval_equals_the_official_command(files, trained_v2):
         assert math.isclose(results[key], value, rel_tol=1e-12), key
 
 
-def test_v1_eval_from_the_finetuned_model_dir(files, trained_v2, tmp_path):
-    model_dir, _ = trained_v2
-    out = tmp_path / "out_v1"
-    result = run_squad(f"--init_checkpoint={model_dir}", f"--output_dir={out}", "--do_eval",
-                       f"--predict_file={files / 'dev1.json'}", *WINDOW_ARGS)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_v1_train_and_eval(runs):
+    out, _ = runs["v1"]
     results, keys = read_eval_results(out / "eval_results.txt")
     assert keys == ["exact_match", "f1", "global_step"]
-    assert results["exact_match"] >= 90, results  # the head came along with the encoder
+    assert results["exact_match"] >= 90, results
     assert not (out / "null_odds.json").exists()
     predictions = json.loads((out / "predictions.json").read_text())
     assert len(predictions) == 20 and all(predictions.values())  # v1.1: always a span
+    nbest = json.loads((out / "nbest_predictions.json").read_text())
+    assert list(nbest) == list(predictions)
+    for qid, entries in nbest.items():  # no null answer in v1.1; the best entry is the prediction
+        assert 1 <= len(entries) <= squad.DEFAULT_N_BEST_SIZE and all(e["text"] for e in entries)
+        assert entries[0]["text"] == predictions[qid]
+    assert json.loads((out / "bert_tf_info.json").read_text())["version_2_with_negative"] is False
 
 
 @pytest.mark.parametrize(
@@ -186,3 +212,37 @@ def test_bad_input_is_one_line_and_leaves_output_alone(files, tmp_path, args, me
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, result.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+# ----------------------------------------------------------------- plain Python: no TensorFlow
+def test_builtin_eval_gives_the_official_numbers(shared):
+    from bert_tf.runners.squad import SquadRunConfig, evaluate_predictions
+
+    cases = json.loads(shared("fixtures", "squad", "official_scores", "cases.json").read_text())
+    assert {c["version"] for c in cases} == {"v1.1", "v2.0"}
+    for case in cases:
+        def load(rel):
+            return json.loads(shared(*rel.split("/")[1:]).read_text())
+
+        cfg = SquadRunConfig(output_dir="unused", version_2_with_negative=case["version"] == "v2.0")
+        null_odds = load(case["na_prob_file"]) if case["na_prob_file"] else None
+        results = evaluate_predictions(load(case["data"])["data"], load(case["predictions"]), null_odds, cfg)
+        assert results == case["official"], case["predictions"]
+
+
+def test_read_inputs_on_real_layouts(shared):
+    from bert_tf.runners.squad import SquadRunConfig, read_inputs
+
+    squad_dir = shared("fixtures", "squad")
+    v2 = SquadRunConfig(output_dir="unused", version_2_with_negative=True, do_train=True, do_predict=True,
+                        train_file=str(squad_dir / "train-v2.0-dummy.json"),
+                        predict_file=str(squad_dir / "dev-v2.0-small.json"))
+    inputs = read_inputs(v2)
+    assert len(inputs.train_examples) == 2 and len(inputs.predict_examples) == 14
+    assert inputs.dev_data is not None  # answers and is_impossible everywhere: evaluated
+    with pytest.raises(TaskDataError, match="pass --version_2_with_negative"):
+        read_inputs(SquadRunConfig(output_dir="unused", do_predict=True, predict_file=v2.predict_file))
+    for name in ("reference/fixture_dev-v2.0_answerable_as_v1.1.json", "xquad/xquad.zh.json"):
+        v1 = SquadRunConfig(output_dir="unused", do_eval=True, predict_file=str(squad_dir / name))
+        inputs = read_inputs(v1)
+        assert inputs.predict_examples and inputs.dev_data is not None and inputs.train_examples is None

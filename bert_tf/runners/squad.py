@@ -164,7 +164,7 @@ def read_inputs(cfg: SquadRunConfig) -> SquadInputs:
         missing = _first_unscorable(data, cfg.version_2_with_negative)
         if missing is None:
             dev_data = data
-        elif cfg.do_eval or cfg.eval_every_steps:
+        elif cfg.do_eval or (cfg.do_train and cfg.eval_every_steps):
             raise TaskDataError(f"{cfg.predict_file}: question {missing} has no reference answers, so it cannot "
                                 "be evaluated (--do_eval/--eval_every_steps need a dev file with answers)")
     return SquadInputs(train_examples, predict_examples, dev_data)
