@@ -1,0 +1,327 @@
+"""Export: in-graph tokenization = FullTokenizer, packing = the original's, and SavedModels that
+serve raw text in a fresh process with only tensorflow + tensorflow_text (vocab file gone)."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import unicodedata
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import REPO, TINY_VOCAB, shared_path
+
+from bert_tf.configs import BertConfig, write_run_info
+from bert_tf.export import (
+    ExportError,
+    build_task_model,
+    export_model_dir,
+    read_model_dir,
+    restore_model_dir,
+)
+from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair, truncated_pair_lengths, unicode_differences
+from bert_tf.tokenization import BasicTokenizer, FullTokenizer
+
+HARD_CASES = [
+    "UNwant\u00e9d,running",
+    " \tHeLLo!how  \n Are yoU?  ",
+    "ah\u535a\u63a8zz",
+    "a" * 200, "a" * 201, "\u00e9" * 200 + " ok", "\u00e9" * 201,  # the 200-character WordPiece limit
+    "\u4e2d" * 250,  # CJK: one word per ideograph, never over the limit
+    "\u039f\u0394\u039f\u03a3 \u039f\u0394\u039f\u03a3. \u03a3",  # final sigma
+    "\u0130stanbul stra\u00dfe \ufb01ne \u212a",  # special casings
+    "a\x0bb c\x1fd e\x85f g\u2028h i\u2029j k\u00a0l m\u3000n",  # controls deleted, odd spaces split
+    "\u0301\u0301 q \u200bzero\u200dwidth \ufeffbom \ufffd\x00nul",
+    "$5 + <tag> = ^up` | ~x \u00bfqu\u00e9? \u00abhi\u00bb \u2014dash\u2014",
+    "\ud55c\uad6d\uc5b4 \u3072\u3089\u304c\u306a \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0939\u093f\u0928\u094d\u0926\u0940",
+    "Cr\u00e8me Br\u00fbl\u00e9e caf\u00e9 na\u00efve \u1e9b\u0323",
+    "", "   ", "\t\n",
+]
+
+
+def _vocab_for(texts, lower):
+    """Specials + every basic word, its halves and a ## suffix: exercises whole words, pieces and [UNK]."""
+    basic = BasicTokenizer(do_lower_case=lower)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    seen = set(vocab)
+    for i, text in enumerate(texts):
+        for j, word in enumerate(basic.tokenize(text)):
+            if (i + j) % 5 == 4:
+                continue  # leave some words out: [UNK]
+            half = max(1, len(word) // 2)
+            for piece in (word, word[:half], "##" + word[half:], "##" + word[-1:]):
+                if piece not in seen and piece != "##":
+                    seen.add(piece)
+                    vocab.append(piece)
+    return vocab
+
+
+def _write_vocab(path, tokens):
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _assert_same_ids(vocab_file, texts, lower):
+    expected = FullTokenizer(vocab_file, do_lower_case=lower).encode_batch(texts)
+    tok = InGraphTokenizer(vocab_file, do_lower_case=lower)
+    got = tok.tokenize(tf.constant([t.encode("utf-8") if isinstance(t, str) else t for t in texts])).to_list()
+    bad = [(texts[i][:60], expected[i][:12], got[i][:12]) for i in range(len(texts)) if got[i] != expected[i]]
+    assert not bad, f"{len(bad)} of {len(texts)} texts differ, first: {bad[:3]}"
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_in_graph_tokenizer_matches_full_tokenizer_on_hard_cases(tmp_path, lower):
+    texts = HARD_CASES + ["The cat sat on the mat.", "lowest unwanted"]
+    vocab_file = _write_vocab(tmp_path / "vocab.txt", _vocab_for(texts, lower))
+    _assert_same_ids(vocab_file, texts, lower)
+    assert FullTokenizer(vocab_file, do_lower_case=lower).tokenize("a" * 201) == ["[UNK]"]
+
+
+def test_in_graph_tokenizer_drops_invalid_utf8_like_the_original(tmp_path):
+    texts = [b"caf\xc3\xa9 \xff\xfebad \xe4\xb8 ok", b"a\xc3b c", b"\xed\xa0\x80x"]
+    vocab_file = _write_vocab(tmp_path / "vocab.txt", _vocab_for([t.decode("utf-8", "ignore") for t in texts], True))
+    _assert_same_ids(vocab_file, texts, True)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_in_graph_tokenizer_matches_on_xquad(lower):
+    vocab_file = str(shared_path("fixtures", "vocab", "bert-base-uncased-vocab.txt"))
+    texts = []
+    for path in sorted(shared_path("fixtures", "squad", "xquad").glob("xquad.*.json")):
+        for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
+            for paragraph in article["paragraphs"]:
+                texts.append(paragraph["context"])
+                texts.extend(qa["question"] for qa in paragraph["qas"])
+    assert len(texts) >= 30  # 11 languages, contexts and questions
+    _assert_same_ids(vocab_file, texts, lower)
+
+
+def test_basic_words_match_on_a_code_point_sample(tmp_path):
+    """Every code point below U+3400, ICU-patched ones and a stride beyond, inside a word."""
+    patched = set(unicode_differences()["lower"]) | set(unicode_differences()["nfd"])
+    cps = sorted({*range(1, 0x3400), *(ord(c) for c in patched), *range(0x3400, 0x110000, 61)} - set(range(0xD800, 0xE000)))
+    texts = [f"Ab{chr(cp)}\u0301C{chr(cp)}" for cp in cps]
+    vocab_file = _write_vocab(tmp_path / "vocab.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    for lower in (True, False):
+        basic = BasicTokenizer(do_lower_case=lower)
+        words = InGraphTokenizer(vocab_file, do_lower_case=lower).words(tf.constant([t.encode() for t in texts]))
+        got = [[w.decode("utf-8") for w in row] for row in words.to_list()]
+        bad = [(hex(cp), g, basic.tokenize(t)) for cp, t, g in zip(cps, texts, got, strict=True)
+               if g != basic.tokenize(t)]
+        assert not bad, f"lower={lower}: {len(bad)} code points differ, first {bad[:5]}"
+
+
+def _truncate_like_the_original(len_a, len_b, budget):
+    while len_a + len_b > budget:
+        if len_a > len_b:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return len_a, len_b
+
+
+def test_truncation_is_the_originals_longest_first():
+    rng = random.Random(0)
+    cases = [(rng.randrange(0, 40), rng.randrange(0, 40), rng.randrange(1, 30)) for _ in range(500)]
+    cases += [(5, 5, 5), (6, 5, 5), (5, 6, 5), (0, 9, 4), (9, 0, 4), (3, 3, 6)]
+    a, b, m = (np.array(x) for x in zip(*cases, strict=True))
+    got_a, got_b = truncated_pair_lengths(tf.constant(a), tf.constant(b), tf.constant(m))
+    expected = [_truncate_like_the_original(*c) for c in cases]
+    assert list(zip(got_a.numpy().tolist(), got_b.numpy().tolist(), strict=True)) == expected
+
+
+def test_pack_pair_layout():
+    ids_a = tf.ragged.constant([[5, 6, 7, 8, 9], [5], [5, 6], []], dtype=tf.int64)
+    ids_b = tf.ragged.constant([[11, 12, 13], [], [7] * 6, []], dtype=tf.int64)
+    out = {k: v.numpy().tolist() for k, v in pack_pair(ids_a, ids_b, 8, 101, 102).items()}
+    assert out["input_word_ids"] == [[101, 5, 6, 7, 102, 11, 12, 102], [101, 5, 102, 0, 0, 0, 0, 0],
+                                     [101, 5, 6, 102, 7, 7, 7, 102], [101, 102, 0, 0, 0, 0, 0, 0]]
+    assert out["input_type_ids"] == [[0, 0, 0, 0, 0, 1, 1, 1], [0] * 8, [0, 0, 0, 0, 1, 1, 1, 1], [0] * 8]
+    assert out["input_mask"] == [[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0], [1] * 8, [1, 1, 0, 0, 0, 0, 0, 0]]
+
+
+# ------------------------------------------------------------------ exported models
+SEQ = 16
+LABELS = ["contradiction", "entailment", "neutral"]
+TEXTS_A = ["The cat sat on the mat.", "HELLO, how are you?", "unwanted running dog", "a " * 30]
+TEXTS_B = ["", "The dog sat.", "lowest", "the mat " * 20]
+
+
+def _tiny_config():
+    return BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=16, max_position_embeddings=32)
+
+
+def _make_model_dir(folder, info):
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+    config = _tiny_config()
+    config.to_json_file(str(folder / "bert_config.json"))
+    write_run_info(str(folder), **info)
+    keras_model = build_task_model(config, info)
+    # Non-trivial head weights so that probabilities differ between texts.
+    rng = np.random.default_rng(0)
+    encoder_ids = {id(v) for v in keras_model.encoder.trainable_variables}
+    for v in keras_model.trainable_variables:
+        scale = 1.0 if id(v) in encoder_ids else 2.0
+        v.assign(rng.normal(0.0, scale, v.shape).astype("float32"))
+    optimizer_state = tf.Variable(7, dtype=tf.int64)  # stands in for the optimizer's slots
+    tf.train.Checkpoint(model=keras_model, step=optimizer_state).write(str(folder / "ckpt-5"))
+    return keras_model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    info = dict(do_lower_case=True, max_seq_length=SEQ, task_type="classification", label_list=LABELS)
+    model = _make_model_dir(base / "model_dir", info)
+    export_model_dir(str(base / "model_dir"), str(base / "classifier"))
+    export_model_dir(str(base / "model_dir"), str(base / "encoder"), export_type="encoder")
+    return {"base": base, "model": model}
+
+
+def _python_features(vocab_file, texts_a, texts_b, seq):
+    tok = FullTokenizer(vocab_file, do_lower_case=True)
+    rows = {"input_ids": [], "input_mask": [], "segment_ids": []}
+    for a, b in zip(texts_a, texts_b, strict=True):
+        ta, tb = tok.tokenize(a), tok.tokenize(b)
+        if tb:
+            la, lb = _truncate_like_the_original(len(ta), len(tb), seq - 3)
+            ta, tb = ta[:la], tb[:lb]
+        else:
+            ta = ta[:seq - 2]
+        tokens = ["[CLS]"] + ta + ["[SEP]"] + (tb + ["[SEP]"] if tb else [])
+        types = [0] * (len(ta) + 2) + [1] * (len(tb) + 1 if tb else 0)
+        ids = tok.convert_tokens_to_ids(tokens)
+        pad = seq - len(ids)
+        rows["input_ids"].append(ids + [0] * pad)
+        rows["input_mask"].append([1] * len(ids) + [0] * pad)
+        rows["segment_ids"].append(types + [0] * pad)
+    return {k: tf.constant(v, tf.int32) for k, v in rows.items()}
+
+
+FRESH_PROCESS = textwrap.dedent("""
+    import importlib.abc, json, sys
+
+    class NoBertTf(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "bert_tf":
+                raise ImportError("bert_tf is blocked in this process")
+
+    sys.meta_path.insert(0, NoBertTf())
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+    loaded = tf.saved_model.load(sys.argv[1])
+    texts = json.loads(sys.argv[2])
+    out = loaded.signatures["serving_default"](text_a=tf.constant(texts["a"]), text_b=tf.constant(texts["b"]))
+    assert "bert_tf" not in sys.modules
+    print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
+                      "label": [x.decode() for x in out["label"].numpy()]}))
+""")
+
+
+def test_classifier_serves_raw_text_in_a_fresh_process_without_vocab_or_bert_tf(exported):
+    base = exported["base"]
+    vocab_file = str(base / "model_dir" / "vocab.txt")
+    features = _python_features(vocab_file, TEXTS_A, TEXTS_B, SEQ)
+    logits = exported["model"](features, training=False)
+    expected = tf.nn.softmax(logits, axis=-1).numpy()
+    assert np.ptp(expected, axis=0).max() > 1e-2  # the texts get different answers
+
+    # A copy of the export alone, the model_dir and its vocab moved away.
+    moved = base / "moved_model_dir"
+    shutil.move(str(base / "model_dir"), str(moved))
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        result = subprocess.run(
+            [sys.executable, "-c", FRESH_PROCESS, str(base / "classifier"), json.dumps({"a": TEXTS_A, "b": TEXTS_B})],
+            capture_output=True, text=True, env=env, cwd=str(base), timeout=300)
+    finally:
+        shutil.move(str(moved), str(base / "model_dir"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
+    assert out["label"] == [LABELS[i] for i in expected.argmax(axis=1)]
+
+
+def test_ids_signature_and_preprocess_match_the_python_features(exported):
+    loaded = tf.saved_model.load(str(exported["base"] / "classifier"))
+    features = _python_features(str(exported["base"] / "model_dir" / "vocab.txt"), TEXTS_A, TEXTS_B, SEQ)
+    packed = loaded.signatures["preprocess"](text_a=tf.constant(TEXTS_A), text_b=tf.constant(TEXTS_B))
+    np.testing.assert_array_equal(packed["input_word_ids"], features["input_ids"])
+    np.testing.assert_array_equal(packed["input_mask"], features["input_mask"])
+    np.testing.assert_array_equal(packed["input_type_ids"], features["segment_ids"])
+    by_ids = loaded.signatures["serve_ids"](**packed)
+    by_text = loaded.signatures["serving_default"](text_a=tf.constant(TEXTS_A), text_b=tf.constant(TEXTS_B))
+    np.testing.assert_allclose(by_ids["probabilities"], by_text["probabilities"], atol=1e-6)
+    single = loaded.signatures["serve_text"](text=tf.constant(TEXTS_A[:1]))
+    np.testing.assert_allclose(single["probabilities"], by_text["probabilities"][:1], atol=1e-6)
+    names = loaded.signatures["serve_ids"].structured_input_signature[1]
+    assert {k: (v.dtype, v.shape.as_list()) for k, v in names.items()} == {
+        k: (tf.int32, [None, None]) for k in ("input_word_ids", "input_mask", "input_type_ids")}
+
+
+def test_metadata_asset_describes_the_export(exported):
+    meta = json.loads((exported["base"] / "classifier" / "assets" / "bert_tf_export.json").read_text("utf-8"))
+    assert meta["export_type"] == "classification" and meta["label_list"] == LABELS
+    assert meta["max_seq_length"] == SEQ and meta["tokenizer"]["do_lower_case"] is True
+    assert meta["tokenizer"]["python_unicode_version"] == unicodedata.unidata_version
+    assert meta["tokenizer"]["differences_from_fulltokenizer"]
+    vocab = (exported["base"] / "classifier" / "assets" / "vocab.txt").read_text("utf-8").split("\n")[:-1]
+    assert vocab == TINY_VOCAB
+
+
+def test_encoder_export_has_tf_hub_names_and_reproduces_the_encoder(exported):
+    loaded = tf.saved_model.load(str(exported["base"] / "encoder"))
+    serve_ids = loaded.signatures["serve_ids"]
+    assert set(serve_ids.structured_input_signature[1]) == {"input_word_ids", "input_mask", "input_type_ids"}
+    assert set(serve_ids.structured_outputs) == {"pooled_output", "sequence_output", "encoder_outputs",
+                                                 "encoder_outputs_1"}
+    features = _python_features(str(exported["base"] / "model_dir" / "vocab.txt"), TEXTS_A, TEXTS_B, SEQ)
+    expected = exported["model"].encoder(features, training=False)
+    out = loaded.signatures["serving_default"](text_a=tf.constant(TEXTS_A), text_b=tf.constant(TEXTS_B))
+    np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], atol=1e-5)
+    np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-5)
+    np.testing.assert_allclose(out["encoder_outputs"], expected["encoder_outputs"][0], atol=1e-5)
+    hub = loaded({"input_word_ids": features["input_ids"], "input_mask": features["input_mask"],
+                  "input_type_ids": features["segment_ids"]})
+    assert len(hub["encoder_outputs"]) == 2
+    np.testing.assert_allclose(hub["pooled_output"], expected["pooled_output"], atol=1e-5)
+
+
+def test_restore_model_dir_returns_the_trained_weights(exported):
+    restored = restore_model_dir(str(exported["base"] / "model_dir"))
+    for a, b in zip(restored.weights, exported["model"].weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_bad_model_dirs_and_export_dirs_give_one_line_errors(exported, tmp_path):
+    base = exported["base"]
+    with pytest.raises(ExportError, match="model_dir not found"):
+        read_model_dir(str(tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "bert_config.json").write_text(_tiny_config().to_json_string())
+    write_run_info(str(empty), do_lower_case=True, max_seq_length=SEQ, task_type="classification", label_list=LABELS)
+    with pytest.raises(ExportError, match="no ckpt-<step> checkpoint"):
+        restore_model_dir(str(empty))
+    with pytest.raises(ExportError, match="label_list"):
+        build_task_model(_tiny_config(), {"task_type": "tagging"})
+    keep = base / "classifier" / "saved_model.pb"
+    before = keep.stat().st_mtime_ns
+    with pytest.raises(ExportError, match="not empty; pass --overwrite"):
+        export_model_dir(str(base / "model_dir"), str(base / "classifier"))
+    assert keep.stat().st_mtime_ns == before
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "export_savedmodel.py"), f"--model_dir={base / 'model_dir'}",
+         f"--export_dir={base / 'classifier'}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    # (TensorFlow's own start-up lines, e.g. about a missing CUDA driver, are not ours.)
+    errors = [line for line in result.stderr.splitlines() if "export_savedmodel.py" in line or "Traceback" in line]
+    assert errors == [f"export_savedmodel.py: error: {base / 'classifier'}: export_dir exists and is not empty; "
+                      "pass --overwrite to replace it"]
