@@ -67,15 +67,14 @@ _ASCII_PUNCT = re.escape("".join(chr(cp) for cp in range(128) if is_punctuation(
 _ASCII_WORD_RE = re.compile(f"[^{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]")
 
 
-def _char_class(predicate: Callable[[str], bool]) -> str:
-    """A regex character class body (ranges) of every code point where `predicate` holds."""
+def _ranges_class(code_points: List[int]) -> str:
+    """A regex character class body for sorted `code_points`, as ranges."""
     ranges: List[List[int]] = []
-    for cp in range(0x110000):
-        if predicate(chr(cp)):
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1][1] = cp
-            else:
-                ranges.append([cp, cp])
+    for cp in code_points:
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
     return "".join(re.escape(chr(lo)) + ("-" + re.escape(chr(hi)) if hi > lo else "") for lo, hi in ranges)
 
 
@@ -83,14 +82,24 @@ def _char_class(predicate: Callable[[str], bool]) -> str:
 def _unicode_tables() -> Tuple[re.Pattern, re.Pattern, re.Pattern]:
     """(deleted-by-cleaning, Mn, word-or-punctuation) regexes from Python's unicodedata.
 
-    Built from the same predicates as the original, on first use (~0.5 s),
-    so they follow the running Python's Unicode version exactly as it does.
+    Built on first use (~0.5 s) with the original's own predicates, so they
+    follow the running Python's Unicode version exactly as it does. The
+    category test in front only skips code points those predicates reject.
     """
-    delete = _char_class(lambda c: ord(c) in (0, 0xFFFD) or is_control(c))
-    marks = _char_class(lambda c: unicodedata.category(c) == "Mn")
-    punct = _char_class(is_punctuation)
-    return (re.compile(f"[{delete}]"), re.compile(f"[{marks}]+"),
-            re.compile(f"[^{punct}]+|[{punct}]"))
+    delete, marks, punct = [], [], []
+    category = unicodedata.category
+    for cp in range(0x110000):
+        char = chr(cp)
+        cat = category(char)
+        if (cat in ("Cc", "Cf") and is_control(char)) or cp in (0, 0xFFFD):
+            delete.append(cp)
+        elif cat == "Mn":
+            marks.append(cp)
+        if (cp < 128 or cat[0] == "P") and is_punctuation(char):
+            punct.append(cp)
+    punct_class = _ranges_class(punct)
+    return (re.compile(f"[{_ranges_class(delete)}]"), re.compile(f"[{_ranges_class(marks)}]+"),
+            re.compile(f"[^{punct_class}]+|[{punct_class}]"))
 
 
 def _chunks(text: Union[str, bytes]) -> List[str]:
@@ -143,6 +152,7 @@ class FastTokenizer:
         self.do_lower_case = do_lower_case
         self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case, strip_accents=strip_accents)
         self.wordpiece_tokenizer = WordpieceTokenizer(vocab=self.vocab)
+        self._longest_entry = max(map(len, self.vocab))
         self._cache_size = cache_size
         self._new_caches()
 
@@ -182,7 +192,27 @@ class FastTokenizer:
         return tuple(word_re.findall(chunk))
 
     def _word_to_pieces(self, word: str) -> Tuple[str, ...]:
-        return tuple(self.wordpiece_tokenizer.tokenize_word(word))
+        """WordPiece of one word: `WordpieceTokenizer.tokenize_word`, but never
+        trying a candidate longer than the longest vocab entry (it cannot
+        match), which makes long words (Thai, kana runs) linear, not quadratic."""
+        wordpiece = self.wordpiece_tokenizer
+        if len(word) > wordpiece.max_input_chars_per_word:
+            return (wordpiece.unk_token,)
+        vocab, longest = self.vocab, self._longest_entry
+        pieces = []
+        start = 0
+        while start < len(word):
+            end = min(len(word), start + longest)
+            while start < end:
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in vocab:
+                    break
+                end -= 1
+            else:  # one unmatched position makes the whole word unknown
+                return (wordpiece.unk_token,)
+            pieces.append(piece)
+            start = end
+        return tuple(pieces)
 
     def _chunk_pieces(self, chunk: str) -> Tuple[str, ...]:
         word_pieces = self._word_pieces
