@@ -155,6 +155,7 @@ def test_v2_learns_and_reports_official_metrics(trained_v2):
     assert results["HasAns_exact"] >= 90 and results["NoAns_exact"] >= 80, results
     assert results["best_f1"] >= results["f1"]
     assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f}" in stderr
+    assert list((out / "eval").glob("events.out.tfevents.*"))  # dev metrics for TensorBoard
 
 
 def test_builtin_eval_equals_the_official_command(files, trained_v2):

@@ -37,6 +37,7 @@ TASK_TYPE = "span"
 TASK_NAME = "squad"
 EVAL_RESULTS_FILE = "eval_results.txt"
 EVAL_SPLIT = "dev"
+EVAL_SUMMARY_DIR = "eval"  # TensorBoard, beside the trainer's "train"
 # Added to the logits of padding positions before the softmax of the loss (as the attention mask).
 PADDING_LOGIT = -10000.0
 # The original logged this many featurized examples in detail (here with --verbose_logging).
@@ -237,6 +238,7 @@ def _tokenizer(cfg: SquadRunConfig):
 def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, Dict[str, float]]:
     """Trains / predicts / evaluates as asked; returns {"dev": official metrics} when evaluated."""
     import numpy as np
+    import tensorflow as tf
 
     from bert_tf import finetuning
     from bert_tf.configs import write_text_atomic
@@ -278,6 +280,8 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
         doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
 
     last = {}  # the latest predictions: {"step", "predictions", "nbest", "null_odds", "metrics"}
+    eval_writer = tf.summary.create_file_writer(os.path.join(cfg.output_dir, EVAL_SUMMARY_DIR)) \
+        if trainer.is_chief and inputs.dev_data is not None else tf.summary.create_noop_writer()
 
     def predict_and_score():
         step = int(trainer.global_step.numpy())
@@ -297,6 +301,11 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
             logger.info("SQuAD v%s eval at step %d: %s", cfg.version, step,
                         " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                  for k, v in metrics.items() if k != "global_step"))
+            with eval_writer.as_default(step=step):  # TensorBoard: dev metrics beside the training curves
+                for key, value in metrics.items():
+                    if key != "global_step":
+                        tf.summary.scalar(key, value)
+            eval_writer.flush()
         last.update(step=step, predictions=predictions, nbest=nbest, null_odds=null_odds, metrics=metrics)
         return last
 
