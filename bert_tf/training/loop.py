@@ -202,6 +202,11 @@ class Trainer:
             self.loss_scale = _LossScale() if config.mixed_precision == "float16" else None
         self.global_step = self.optimizer.iterations
         self._checkpoint_items = dict(model=self.model, optimizer=self.optimizer)
+        # Keras keeps dropout's random state in seed-generator variables that tf.train.Checkpoint
+        # does not reach through the model; saving them makes a resumed run draw the same masks.
+        seed_states = [v for v in self.model.non_trainable_variables if "seed_generator" in v.path]
+        if seed_states:
+            self._checkpoint_items["dropout_seeds"] = seed_states
         if self.loss_scale is not None:
             self._checkpoint_items["loss_scale"] = self.loss_scale
         self._init_fn = init_fn

@@ -1,0 +1,202 @@
+"""run_pretraining.py on a tiny BERT and TFRecords made from the built-in KJV sample."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf.configs import BertConfig
+from bert_tf.data import pipelines, pretraining_job
+from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.tokenization import vocab_builder
+from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ, PREDS = 32, 5
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64, type_vocab_size=2)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretraining_data")
+    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=500, num_unused=0)
+    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
+    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+        input_file=SAMPLE_CORPUS, output_file=str(root / "train.tfrecord"), vocab_file=str(root / "vocab.txt"),
+        max_seq_length=SEQ, max_predictions_per_seq=PREDS, dupe_factor=2, num_workers=1))
+    config = BertConfig(vocab_size=len(vocab), **TINY)
+    config.to_json_file(str(root / "bert_config.json"))
+    return root
+
+
+def _events(model_dir, kind="train"):
+    """{tag: {step: value}} from the TensorBoard event files of model_dir/kind."""
+    out = {}
+    folder = os.path.join(model_dir, kind)
+    for name in sorted(os.listdir(folder)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for v in event.summary.value:
+                out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def test_loss_goes_down_and_mlm_accuracy_up(data, tmp_path):
+    config = PretrainingConfig(
+        bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
+        input_files=[str(data / "train.tfrecord")], output_dir=str(tmp_path), max_seq_length=SEQ,
+        max_predictions_per_seq=PREDS, do_train=True, do_eval=True, train_batch_size=32, eval_batch_size=32,
+        learning_rate=2e-3, num_train_steps=120, num_warmup_steps=10, iterations_per_loop=5,
+        save_checkpoints_steps=60, max_eval_steps=5, vocab_file=str(data / "vocab.txt"), do_lower_case=True)
+    results = run_pretraining(config, strategy_lib.get_strategy("one_device"))
+    events = _events(str(tmp_path))
+    loss, acc = events["loss"], events["masked_lm_accuracy"]
+    # The first loop (steps 1-5, lr still warming up) is the untrained model's level.
+    first, last = [np.mean([d[s] for s in steps]) for d in (loss,) for steps in ((5,), (110, 115, 120))]
+    assert last < first - 1.0, loss
+    first, last = [np.mean([acc[s] for s in steps]) for steps in ((5,), (110, 115, 120))]
+    assert last > first + 0.04, acc
+    assert {"learning_rate", "gradient_norm", "examples_per_second", "next_sentence_loss"} <= set(events)
+    # eval_results.txt: the original's keys as sorted `key = value` lines.
+    lines = (tmp_path / "eval_results.txt").read_text().splitlines()
+    assert [line.split(" = ")[0] for line in lines] == ["global_step", "loss", "masked_lm_accuracy",
+                                                        "masked_lm_loss", "next_sentence_accuracy",
+                                                        "next_sentence_loss"]
+    assert "global_step = 120" in lines
+    assert results["loss"] == pytest.approx(results["masked_lm_loss"] + results["next_sentence_loss"], rel=1e-4)
+    assert set(_events(str(tmp_path), "eval")) >= {"masked_lm_accuracy", "loss"}
+    # The model directory is one a fine-tuning run can start from.
+    assert json.loads((tmp_path / "bert_config.json").read_text())["hidden_size"] == 32
+    assert (tmp_path / "vocab.txt").exists()
+    assert json.loads((tmp_path / "bert_tf_info.json").read_text())["do_lower_case"] is True
+
+
+def test_record_length_mismatch_is_one_line(data):
+    path = str(data / "train.tfrecord")
+    with pytest.raises(pipelines.InputDataError) as info:
+        pipelines.check_record_lengths(path, 128, 20)
+    assert str(info.value) == (f"{path}: records were written with max_seq_length=32 (flag says 128), "
+                               f"max_predictions_per_seq=5 (flag says 20); pass the values the data was created with")
+
+
+def test_pipeline_shards_per_input_pipeline(data):
+    files = [str(data / "train.tfrecord")]
+    ids = []
+    for pipeline in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+        ds = pipelines.pretraining_dataset(files, SEQ, PREDS, 8, is_training=False, input_context=ctx)
+        batch = next(iter(ds))
+        assert batch["input_ids"].shape == (8, SEQ) and batch["masked_lm_weights"].dtype == tf.float32
+        ids.append(batch["input_ids"].numpy())
+    whole = next(iter(pipelines.pretraining_dataset(files, SEQ, PREDS, 16, is_training=False)))["input_ids"]
+    # One file, two pipelines: records are split round-robin, nothing read twice.
+    np.testing.assert_array_equal(ids[0], whole.numpy()[0::2])
+    np.testing.assert_array_equal(ids[1], whole.numpy()[1::2])
+
+
+def _command(data, out, steps, **extra):
+    flags = dict(bert_config_file=data / "bert_config.json", input_file=data / "train.tfrecord", output_dir=out,
+                 max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True, train_batch_size=16,
+                 num_train_steps=steps, num_warmup_steps=5, learning_rate=1e-3, iterations_per_loop=2,
+                 save_checkpoints_steps=10)
+    flags.update(extra)
+    return [sys.executable, os.path.join(REPO, "run_pretraining.py")] + [f"--{k}={v}" for k, v in flags.items()]
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), **kw)
+
+
+def _wait_for_checkpoint(model_dir, step, proc, timeout=200):
+    """Until model_dir's checkpoint state lists ckpt-<step> (or later): that save is complete."""
+    start = time.time()
+
+    def latest():
+        path = tf.train.latest_checkpoint(model_dir)
+        return int(path.rsplit("-", 1)[1]) if path else -1
+
+    while latest() < step:
+        assert proc.poll() is None, f"run ended before ckpt-{step}: {proc.stderr.read()[-2000:]}"
+        assert time.time() - start < timeout
+        time.sleep(0.02)
+
+
+def test_sigkill_then_rerun_resumes_and_sigterm_saves(data, tmp_path):
+    steps = 40
+    # The uninterrupted reference, in this process: the same library call as the script's.
+    ref_config = PretrainingConfig(
+        bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
+        input_files=[str(data / "train.tfrecord")], output_dir=str(tmp_path / "full"), max_seq_length=SEQ,
+        max_predictions_per_seq=PREDS, do_train=True, train_batch_size=16, num_train_steps=steps,
+        num_warmup_steps=5, learning_rate=1e-3, iterations_per_loop=2, save_checkpoints_steps=10)
+    run_pretraining(ref_config, strategy_lib.get_strategy("one_device"))
+
+    out = tmp_path / "killed"
+    cmd = _command(data, out, steps)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _wait_for_checkpoint(str(out), 10, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = int(tf.train.latest_checkpoint(str(out)).rsplit("-", 1)[1])
+    assert 10 <= killed_at < steps
+
+    # Same command again: resumes; SIGTERM after the next checkpoint saves one at the current step and exits 143.
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _wait_for_checkpoint(str(out), killed_at + 10, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "SIGTERM: saved checkpoint" in stderr
+    term_at = int(tf.train.latest_checkpoint(str(out)).rsplit("-", 1)[1])
+    assert term_at >= killed_at + 10
+
+    final = _run(cmd)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert f"resumed from {out}/ckpt-{term_at}" in final.stderr
+    assert tf.train.latest_checkpoint(str(out)).endswith(f"ckpt-{steps}")
+    # Per-loop losses after each resume equal the uninterrupted run's (weights, optimizer, step and input
+    # position come back from the checkpoint; float32 on one CPU, so only round-off may differ).
+    ref, got = _events(str(tmp_path / "full"))["loss"], _events(str(out))["loss"]
+    for step in range(term_at + 2, steps + 1, 2):
+        assert got[step] == pytest.approx(ref[step], rel=1e-4), step
+
+
+@pytest.mark.parametrize("extra,message", [
+    (dict(max_seq_length=64), "records were written with max_seq_length=32 (flag says 64)"),
+    (dict(train_batch_size=10, gradient_accumulation_steps=4),
+     "train_batch_size 10 must be a positive multiple of replicas (1) x gradient_accumulation_steps (4)"),
+])
+def test_bad_flags_fail_in_one_line(data, tmp_path, extra, message):
+    proc = _run(_command(data, tmp_path / "out", 20, **extra))
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, proc.stderr[-2000:]
+    assert not (tmp_path / "out" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(max_seq_length=128), "max_seq_length 128 is longer than the model's max_position_embeddings 64"),
+    (dict(num_warmup_steps=500), "num_warmup_steps must be in [0, num_train_steps=20], got 500"),
+    (dict(do_train=False), "at least one of do_train or do_eval must be True"),
+    (dict(optimizer="sgd"), "unknown optimizer 'sgd'; expected one of adamw, lamb"),
+])
+def test_bad_config_fails_in_one_line(data, tmp_path, changes, message):
+    base = dict(bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
+                input_files=[str(data / "train.tfrecord")], output_dir=str(tmp_path), max_seq_length=SEQ,
+                max_predictions_per_seq=PREDS, do_train=True, num_train_steps=20, num_warmup_steps=2)
+    base.update(changes)
+    with pytest.raises(PretrainingError) as info:
+        run_pretraining(PretrainingConfig(**base), strategy_lib.get_strategy("one_device"))
+    assert str(info.value) == message
+    assert not os.listdir(tmp_path)
