@@ -57,12 +57,12 @@ def read_inputs():
 
 
 def load(export_dir):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
-
     metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
     if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")) or not os.path.isfile(metadata_file):
         raise PredictError(f"{export_dir}: not a SavedModel written by export_savedmodel.py")
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+
     with open(metadata_file, encoding="utf-8") as f:
         metadata = json.load(f)
     return tf.saved_model.load(export_dir).signatures["serving_default"], metadata
