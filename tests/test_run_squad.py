@@ -154,7 +154,10 @@ def test_v2_learns_and_reports_official_metrics(trained_v2):
     # An untrained head finds no number (exact ~0); the fine-tuned one finds it and spots its absence.
     assert results["HasAns_exact"] >= 90 and results["NoAns_exact"] >= 80, results
     assert results["best_f1"] >= results["f1"]
-    assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f}" in stderr
+    if results["best_f1"] > results["f1"]:
+        assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f} to use it" in stderr
+    else:
+        assert "best null threshold: none better than the one used (0," in stderr
     assert list((out / "eval").glob("events.out.tfevents.*"))  # dev metrics for TensorBoard
 
 
@@ -247,3 +250,14 @@ def test_read_inputs_on_real_layouts(shared):
         v1 = SquadRunConfig(output_dir="unused", do_eval=True, predict_file=str(squad_dir / name))
         inputs = read_inputs(v1)
         assert inputs.predict_examples and inputs.dev_data is not None and inputs.train_examples is None
+
+
+def test_best_threshold_advice(caplog):
+    from bert_tf.runners.squad import _log_best_threshold
+
+    metrics = dict(f1=70.0, best_f1=75.5, best_f1_thresh=-2.25, best_exact=72.0, best_exact_thresh=-3.0)
+    with caplog.at_level("INFO", logger="bert_tf.squad"):
+        _log_best_threshold(metrics, 0.0)
+        _log_best_threshold(dict(metrics, best_f1=70.0, best_f1_thresh=0.0), -1.0)
+    assert "predict with --null_score_diff_threshold=-2.2500 to use it" in caplog.messages[0]
+    assert "none better than the one used (-1, f1 70.0000)" in caplog.messages[1]

@@ -10,7 +10,10 @@ Files written into output_dir, as the original: `predictions.json` {id: text},
 `nbest_predictions.json` {id: [{text, probability, start_logit, end_logit}]} and,
 for v2.0, `null_odds.json` {id: score_null - best_non_null}. When the predict file
 carries answers, the official evaluation runs on the predictions and its numbers go
-to `eval_results.txt` (`key = value`, the official scripts' keys).
+to `eval_results.txt` (`key = value`, the official scripts' keys) and TensorBoard
+(`output_dir/eval`). For v2.0 the evaluation's `best_f1_thresh` is the
+`null_score_diff_threshold` to predict with next time. `eval_every_steps` evaluates
+during training and keeps the best model (v1.1 by f1, v2.0 by best_f1) in `output_dir/best`.
 
 Loss: the mean of the start and end cross-entropies (REFERENCE.md §3). Unlike the
 original, padding positions take no part in the softmax: with dynamic padding a
@@ -185,6 +188,23 @@ def evaluate_predictions(dev_data: list, predictions, null_odds, cfg: SquadRunCo
     return dict(squad_metrics.evaluate_v2(dev_data, predictions, null_odds, na_prob_thresh))
 
 
+def _log_best_threshold(m: Dict[str, float], used: float) -> None:
+    """Reports the v2.0 evaluation's best null threshold and how to use it.
+
+    The official sweep answers questions in order of rising null odds with their
+    *predicted* text, and those above the threshold used were predicted "": it can
+    only find thresholds at or below the one used (REFERENCE.md §7: typically -1..-5,
+    so predict with the default 0.0 first).
+    """
+    if m["best_f1"] > m["f1"]:
+        logger.info("best null threshold: best_f1 %.4f at %.4f (best_exact %.4f at %.4f) vs f1 %.4f at %g; "
+                    "predict with --null_score_diff_threshold=%.4f to use it", m["best_f1"], m["best_f1_thresh"],
+                    m["best_exact"], m["best_exact_thresh"], m["f1"], used, m["best_f1_thresh"])
+    else:
+        logger.info("best null threshold: none better than the one used (%g, f1 %.4f); a higher "
+                    "--null_score_diff_threshold lets the evaluation try answering more questions", used, m["f1"])
+
+
 def eval_results_text(results: Dict[str, float]) -> str:
     """`key = value` lines in the official scripts' key order."""
     return "".join(f"{key} = {value}\n" for key, value in results.items())
@@ -320,8 +340,9 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
         results = common.train_with_periodic_eval(
             trainer, dataset_fn, num_train_steps, eval_every, lambda: {EVAL_SPLIT: predict_and_score()["metrics"]},
             metric=(EVAL_SPLIT, key), output_dir=cfg.output_dir)
-    else:
-        trainer.restore()
+    elif trainer.restore() is None and not pretrained.init_checkpoint:
+        logger.warning("no checkpoint in %s and no --init_checkpoint: predicting with an untrained model",
+                       cfg.output_dir)
 
     if cfg.do_predict or cfg.do_eval:
         out = predict_and_score()
@@ -333,12 +354,7 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
             write_text_atomic(os.path.join(cfg.output_dir, EVAL_RESULTS_FILE), eval_results_text(out["metrics"]))
             logger.info("wrote %s", EVAL_RESULTS_FILE)
             if cfg.version_2_with_negative:
-                m = out["metrics"]
-                logger.info(
-                    "best null threshold: best_f1 %.4f at %.4f, best_exact %.4f at %.4f (f1 %.4f at the "
-                    "threshold used, %g); to apply it re-run prediction with --null_score_diff_threshold=%.4f",
-                    m["best_f1"], m["best_f1_thresh"], m["best_exact"], m["best_exact_thresh"], m["f1"],
-                    cfg.null_score_diff_threshold, m["best_f1_thresh"])
+                _log_best_threshold(out["metrics"], cfg.null_score_diff_threshold)
         elif cfg.do_predict:
             logger.info("%s has no reference answers: predictions only, no evaluation", cfg.predict_file)
         if cfg.version_2_with_negative:
