@@ -27,7 +27,8 @@ import tensorflow as tf
 
 from bert_tf import checkpoints
 from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info, write_run_info, write_text_atomic
-from bert_tf.tokenization import FullTokenizer, VocabError, load_vocab
+from bert_tf.tokenization import VocabError, load_vocab
+from bert_tf.tokenization.fast import FastTokenizer
 
 logger = logging.getLogger("bert_tf.finetuning")
 
@@ -72,8 +73,9 @@ class Pretrained:
         else:
             logger.info("loaded %s (%s)", self.init_checkpoint, self.fmt)
 
-    def tokenizer(self, do_lower_case: bool) -> FullTokenizer:
-        return FullTokenizer(self.vocab_file, do_lower_case=do_lower_case)
+    def tokenizer(self, do_lower_case: bool) -> FastTokenizer:
+        """The fast tokenizer: FullTokenizer's exact output and interface, several times faster."""
+        return FastTokenizer(self.vocab_file, do_lower_case=do_lower_case)
 
 
 def _hf_lower_case(folder: str) -> Optional[bool]:

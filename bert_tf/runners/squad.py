@@ -249,12 +249,6 @@ def _featurize(cfg: SquadRunConfig, examples, tokenizer, is_training: bool, what
     return features, arrays
 
 
-def _tokenizer(cfg: SquadRunConfig):
-    from bert_tf.tokenization import FastTokenizer  # same pieces as FullTokenizer, batch-fast
-
-    return FastTokenizer(cfg.run.pretrained.vocab_file, do_lower_case=cfg.do_lower_case)
-
-
 def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, Dict[str, float]]:
     """Trains / predicts / evaluates as asked; returns {"dev": official metrics} when evaluated."""
     import numpy as np
@@ -275,7 +269,7 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
             f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
             f"{pretrained.config.max_position_embeddings}")
     finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, task=TASK_NAME)
-    tokenizer = _tokenizer(cfg)
+    tokenizer = cfg.run.pretrained.tokenizer(cfg.do_lower_case)
 
     num_train_steps = 0
     train_arrays = None
