@@ -38,7 +38,8 @@ def run_step(number, title, argv):
     """Runs one of the package's commands, echoing it; stops the quickstart if it fails."""
     print(f"\n== {number}. {title}\n$ {' '.join(shlex.quote(a) for a in argv)}", flush=True)
     start = time.time()
-    result = subprocess.run(argv)
+    # TensorFlow's C++ start-up lines (CUDA probing, oneDNN notes) would bury the steps' own output.
+    result = subprocess.run(argv, env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ})
     if result.returncode:
         sys.exit(f"quickstart: step {number} ({title}) failed with exit code {result.returncode}")
     print(f"   done in {time.time() - start:.0f}s", flush=True)
