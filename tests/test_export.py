@@ -325,3 +325,43 @@ def test_bad_model_dirs_and_export_dirs_give_one_line_errors(exported, tmp_path)
     errors = [line for line in result.stderr.splitlines() if "export_savedmodel.py" in line or "Traceback" in line]
     assert errors == [f"export_savedmodel.py: error: {base / 'classifier'}: export_dir exists and is not empty; "
                       "pass --overwrite to replace it"]
+
+
+def _parse_saved_model_cli(text):
+    """`saved_model_cli show --all` -> {signature: {"inputs"|"outputs": {name: (dtype, shape)}}}."""
+    signatures, current, side, name = {}, None, None, None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("signature_def['"):
+            current = signatures.setdefault(line.split("'")[1], {"inputs": {}, "outputs": {}})
+        elif line.startswith("The given SavedModel SignatureDef contains the following input"):
+            side = "inputs"
+        elif line.startswith("The given SavedModel SignatureDef contains the following output"):
+            side = "outputs"
+        elif current is not None and (line.startswith("inputs['") or line.startswith("outputs['")):
+            name = line.split("'")[1]
+        elif line.startswith("dtype: ") and name:
+            dtype = line.split(": ", 1)[1]
+        elif line.startswith("shape: ") and name:
+            current[side][name] = (dtype, line.split(": ", 1)[1])
+            name = None
+    return signatures
+
+
+def test_saved_model_cli_lists_the_signatures_with_names_dtypes_and_shapes(exported):
+    """What a TF Serving user sees: the tool reads the export on its own (no bert_tf involved)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--all",
+         "--dir", str(exported["base"] / "classifier")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = _parse_saved_model_cli(result.stdout)
+    text_in = {"text_a": ("DT_STRING", "(-1)"), "text_b": ("DT_STRING", "(-1)")}
+    answers = {"probabilities": ("DT_FLOAT", f"(-1, {len(LABELS)})"), "logits": ("DT_FLOAT", f"(-1, {len(LABELS)})"),
+               "label": ("DT_STRING", "(-1)"), "label_id": ("DT_INT64", "(-1)")}
+    hub_ids = {k: ("DT_INT32", "(-1, -1)") for k in ("input_word_ids", "input_mask", "input_type_ids")}
+    assert found["serving_default"] == {"inputs": text_in, "outputs": answers}
+    assert found["serve_ids"] == {"inputs": hub_ids, "outputs": answers}
+    assert found["preprocess"] == {
+        "inputs": text_in, "outputs": {k: ("DT_INT32", f"(-1, {SEQ})") for k in hub_ids}}
+    assert found["serve_text"] == {"inputs": {"text": ("DT_STRING", "(-1)")}, "outputs": answers}
+    assert "Method name is: tensorflow/serving/predict" in result.stdout
