@@ -55,10 +55,23 @@ PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mi
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
 TRAIN_DIR, EVAL_DIR = "train", "eval"
+CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: model_dir/ckpt-<step>
 
 
-class NonFiniteLossError(RuntimeError):
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message is one line (scripts print it and exit non-zero)."""
+
+
+class NonFiniteLossError(TrainingError):
     """Training produced a NaN/Inf loss; no checkpoint was written for it."""
+
+
+class CheckpointWriteError(TrainingError):
+    """A checkpoint could not be written (e.g. disk full); its partial files were removed."""
+
+
+class CheckpointRestoreError(TrainingError):
+    """model_dir holds checkpoints but none of them can be restored into this model."""
 
 
 class TrainingPreempted(RuntimeError):
@@ -210,14 +223,19 @@ class Trainer:
         if self.loss_scale is not None:
             self._checkpoint_items["loss_scale"] = self.loss_scale
         self._init_fn = init_fn
-        self._grad_fn = tf.function(self._compute_grads, jit_compile=config.jit_compile)
-        self._eval_fn = tf.function(self._eval_outputs, jit_compile=config.jit_compile)
+        # No autograph inside a step: converting the model, loss and optimizer code costs
+        # seconds of tracing and they have no tensor-dependent Python control flow
+        # (a loss_fn that needs some uses tf.cond / keras.ops.cond).
+        self._grad_fn = tf.function(self._compute_grads, jit_compile=config.jit_compile, autograph=False)
+        self._eval_fn = tf.function(self._eval_outputs, jit_compile=config.jit_compile, autograph=False)
         self._train_loops = {}
         self._metric_names = None
         self._summary_writers = {}
         self._preempted = False
-        # Every step's loss of this process's train() calls, in order (tests and tools read it).
+        # Every step's loss of this process's train() calls, in order, and one record per
+        # loop {step, steps, seconds, loss} (tests, benchmarks and tools read them).
         self.step_losses = []
+        self.loop_history = []
 
     # ------------------------------------------------------------------ pieces run per replica
     def _compute_grads(self, batch):
@@ -235,6 +253,7 @@ class Trainer:
             grads = [g / self.loss_scale.scale for g in grads]
         return loss, _metric_terms(metrics), grads
 
+    @tf.autograph.experimental.do_not_convert
     def _replica_step(self, batch):
         k = self.config.num_micro_batches
         if k == 1:
@@ -242,7 +261,7 @@ class Trainer:
         else:
             # batch: every tensor [k, micro_batch, ...]; grads and metrics are summed over the k slices.
             loss, terms, grads = self._grad_fn(tf.nest.map_structure(lambda t: t[0], batch))
-            for j in tf.range(1, k):
+            for j in range(1, k):  # k calls of one traced function: the graph grows by k call ops only
                 l_j, t_j, g_j = self._grad_fn(tf.nest.map_structure(lambda t, j=j: t[j], batch))
                 loss += l_j
                 terms = tf.nest.map_structure(tf.add, terms, t_j)
@@ -299,22 +318,54 @@ class Trainer:
         return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.config.keep_checkpoint_max)
 
     def restore(self, manager=None) -> Optional[str]:
-        """Restores the latest checkpoint of model_dir (model, optimizer, step[, input position]);
-        on a fresh model_dir runs `init_fn`. Returns the restored path or None."""
+        """Restores the newest complete checkpoint of model_dir (model, optimizer, step[, input position]);
+        on a fresh model_dir runs `init_fn`. Returns the restored path or None.
+
+        A checkpoint that cannot be read (cut short by a kill or a full disk, a file missing, the
+        state file naming a checkpoint that is gone) is skipped with a warning and the next older
+        one is tried, so a run never resumes from a damaged checkpoint nor silently starts over.
+        Raises CheckpointRestoreError when checkpoints exist but none can be restored (e.g. they
+        belong to a model of another size)."""
         manager = manager or self._manager()
-        latest = tf.train.latest_checkpoint(self.config.model_dir)
-        if latest:
-            status = manager.checkpoint.restore(latest)
-            status.assert_existing_objects_matched()
-            logger.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
-            return latest
+        candidates = checkpoint_candidates(self.config.model_dir)
+        problems = []
+        for path in candidates:
+            try:
+                status = manager.checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+            except (tf.errors.OpError, ValueError, IndexError, AssertionError) as e:
+                problems.append(f"{os.path.basename(path)}: {_first_line(e)}")
+                logger.warning("cannot restore %s (%s); trying an older checkpoint", path, _first_line(e))
+                continue
+            logger.info("resumed from %s at step %d", path, int(self.global_step.numpy()))
+            return path
+        if problems:
+            raise CheckpointRestoreError(
+                f"{self.config.model_dir}: none of its {len(problems)} checkpoint(s) can be restored into this "
+                f"model ({problems[0]}); use another output_dir for a different model"
+            )
         if self._init_fn is not None:
             self._init_fn(self.model)
         return None
 
     def _save(self, manager) -> Optional[str]:
         step = int(self.global_step.numpy())
-        path = manager.save(checkpoint_number=step)
+        try:
+            path = manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as e:
+            # Disk full, quota, permissions: remove what was written of ckpt-<step> so nothing
+            # half-written sits beside the complete checkpoints (the state file still names those).
+            prefix = os.path.join(manager.directory, f"{CHECKPOINT_NAME}-{step}")
+            for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
+                with contextlib.suppress(tf.errors.OpError, OSError):
+                    if tf.io.gfile.isdir(leftover):
+                        tf.io.gfile.rmtree(leftover)
+                    else:
+                        tf.io.gfile.remove(leftover)
+            raise CheckpointWriteError(
+                f"{manager.directory}: cannot write checkpoint {CHECKPOINT_NAME}-{step} ({_first_line(e)}); "
+                f"earlier checkpoints are intact (latest: {manager.latest_checkpoint or 'none'})"
+            ) from None
         if not self.is_chief:
             tf.io.gfile.rmtree(manager.directory)
             return None
@@ -399,7 +450,9 @@ class Trainer:
             logger.info("input position is not checkpointed under %s: a resumed run restarts the input",
                         type(self.strategy).__name__)
         self.restore(manager)
-        train_loop = self._make_train_loop()
+        if "train" not in self._train_loops:
+            self._train_loops["train"] = self._make_train_loop()
+        train_loop = self._train_loops["train"]
 
         step = int(self.global_step.numpy())
         last_saved = step
@@ -432,6 +485,7 @@ class Trainer:
                                examples_per_second=examples_per_sec)
                 self._write_summaries(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
+                self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"]))
                 rate = (step - start_step) / max(time.time() - start_time, 1e-9)
                 eta = (c.train_steps - step) / rate if rate > 0 else math.inf
                 logger.info(
@@ -503,6 +557,26 @@ class Trainer:
     def _restore_sigterm(self, previous):
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def checkpoint_candidates(model_dir: str) -> list:
+    """Checkpoint prefixes of model_dir, newest step first: the ones the state file lists and
+    any `ckpt-<step>.index` beside them (a save whose state update was cut off)."""
+    steps = {}
+    state = tf.train.get_checkpoint_state(model_dir)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths += [p[: -len(".index")] for p in tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*.index"))]
+    for path in paths:
+        path = path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
+        number = path.rsplit("-", 1)[-1]
+        if os.path.basename(path).startswith(f"{CHECKPOINT_NAME}-") and number.isdigit():
+            steps[int(number)] = path
+    return [steps[k] for k in sorted(steps, reverse=True)]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _format_eta(seconds: float) -> str:
