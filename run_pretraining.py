@@ -1,5 +1,9 @@
 """Pretrain BERT (masked LM + next sentence prediction) on create_pretraining_data.py's TFRecords.
 
+--objective picks the paper's ablations (§5.1) on the same records: mlm_nsp
+(default), mlm (No NSP; = --use_next_sentence_prediction=False), ltr (a
+left-to-right LM with a causal attention mask, no NSP; fine-tuning keeps the mask).
+
 The original's flags keep their meaning (batch sizes are global); additions pick
 the distribution strategy, optimizer, precision and more. A run resumes from
 the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
@@ -42,10 +46,15 @@ flags.DEFINE_string("eval_input_file", None, "Held-out TF example files for eval
                     "as the original).")
 flags.DEFINE_bool("use_next_sentence_prediction", True, "Train the next-sentence head too (False: the paper's "
                   "'No NSP' ablation).")
+flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm", "ltr"], "Pretraining objective: masked LM + next "
+                  "sentence, masked LM only (No NSP), or left-to-right LM with a causal mask (recorded in "
+                  "bert_tf_info.json; fine-tuning an ltr model keeps the causal mask).")
 flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copied into --output_dir so "
                     "fine-tuning finds it.")
 flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
+flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
+                  "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
 
@@ -54,12 +63,19 @@ def main(_):
     bert_flags.setup_logging()
     from bert_tf.configs import BertConfig, ConfigError
     from bert_tf.data.pipelines import InputDataError, expand_input_files
-    from bert_tf.training.loop import NonFiniteLossError, TrainingPreempted
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
     from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
 
     for name in ("bert_config_file", "input_file", "output_dir"):
         if not getattr(FLAGS, name):
             fail(f"--{name} is required")
+    objective = FLAGS.objective
+    if FLAGS["use_next_sentence_prediction"].present:
+        if FLAGS["objective"].present and FLAGS.use_next_sentence_prediction != (objective == "mlm_nsp"):
+            fail(f"--use_next_sentence_prediction={FLAGS.use_next_sentence_prediction} contradicts "
+                 f"--objective={objective}")
+        if not FLAGS.use_next_sentence_prediction and objective == "mlm_nsp":
+            objective = "mlm"
     try:
         bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
         input_files = expand_input_files(FLAGS.input_file)
@@ -76,8 +92,8 @@ def main(_):
             weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm,
             mixed_precision=FLAGS.mixed_precision, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
             gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
-            use_next_sentence_prediction=FLAGS.use_next_sentence_prediction, vocab_file=FLAGS.vocab_file,
-            do_lower_case=FLAGS.do_lower_case, seed=FLAGS.seed,
+            use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=FLAGS.vocab_file,
+            do_lower_case=FLAGS.do_lower_case, seed=FLAGS.seed, skip_corrupt_records=FLAGS.skip_corrupt_records,
         )
         config.validate()
     except (ConfigError, InputDataError, PretrainingError) as e:
@@ -86,7 +102,7 @@ def main(_):
     config = config.__class__(**{**config.__dict__, "jit_compile": bert_flags.use_jit(strategy)})
     try:
         results = run_pretraining(config, strategy)
-    except (InputDataError, PretrainingError, NonFiniteLossError) as e:
+    except (InputDataError, PretrainingError, TrainingError) as e:
         fail(str(e))
     except TrainingPreempted as e:
         bert_flags.logging.getLogger("bert_tf").warning(str(e))

@@ -12,11 +12,16 @@ instead of the files, so every worker still sees distinct data.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import gzip
+import struct
+import zlib
 from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
+from bert_tf import fileio
 from bert_tf.data import schema
 
 # Records held for shuffling after the interleave (the original used 100 on top of
@@ -64,6 +69,88 @@ def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordFileScan:
+    """What a CRC check of one TFRecord file found.
+
+    records: records readable before the first corrupt one (all of them when intact).
+    corrupt_at: byte offset (in the uncompressed stream) of the first corrupt record, or None.
+    problem: what is wrong there ("bad data CRC", "truncated record", ...), or None.
+    skipped: records after it whose framing is still intact (tf.data stops reading a file at its
+      first corrupt record, so --skip_corrupt_records loses these too); -1 when unknown (framing lost).
+    """
+
+    path: str
+    records: int
+    corrupt_at: Optional[int] = None
+    problem: Optional[str] = None
+    skipped: int = 0
+
+
+_HEADER = 12  # uint64 length + masked CRC of it
+_FOOTER = 4  # masked CRC of the data
+
+
+def scan_record_file(path: str) -> RecordFileScan:
+    """Reads a TFRecord file (plain or GZIP) and checks every record's framing and CRCs."""
+    with fileio.open_file(path, "rb") as f:
+        magic = f.read(2)
+    raw = fileio.open_file(path, "rb")
+    records, offset, bad = 0, 0, None
+    with raw, (gzip.GzipFile(fileobj=raw, mode="rb") if magic == schema.GZIP_MAGIC else raw) as f:
+        try:
+            while True:
+                header = f.read(_HEADER)
+                if not header:
+                    break
+                if len(header) < _HEADER:
+                    bad = "truncated record header"
+                    break
+                length, header_crc = struct.unpack("<QI", header)
+                if struct.pack("<I", header_crc) != schema._masked_crc(header[:8]):
+                    bad = "bad length CRC"
+                    break
+                body = f.read(length + _FOOTER)
+                if len(body) < length + _FOOTER:
+                    bad = "truncated record"
+                    break
+                if body[length:] != schema._masked_crc(body[:length]):
+                    bad = "bad data CRC"
+                    break
+                records += 1
+                offset += _HEADER + length + _FOOTER
+        except (EOFError, OSError, zlib.error) as e:  # a cut or damaged GZIP stream
+            bad = f"damaged GZIP stream ({e})"
+        if bad is None:
+            return RecordFileScan(path, records)
+        # How many intact records follow (only countable when the damaged record's length is sound).
+        skipped = -1
+        if bad == "bad data CRC":
+            skipped = 0
+            try:
+                while True:
+                    header = f.read(_HEADER)
+                    if len(header) < _HEADER or struct.pack("<I", struct.unpack("<QI", header)[1]) != \
+                            schema._masked_crc(header[:8]):
+                        break
+                    body = f.read(struct.unpack("<Q", header[:8])[0] + _FOOTER)
+                    if len(body) < _FOOTER or body[-_FOOTER:] != schema._masked_crc(body[:-_FOOTER]):
+                        break
+                    skipped += 1
+            except (EOFError, OSError, zlib.error):
+                pass
+    return RecordFileScan(path, records, offset, bad, skipped)
+
+
+def find_corrupt_files(files: Sequence[str]) -> List[RecordFileScan]:
+    """The scans of the files that have a corrupt or truncated record, in order (reads every file once)."""
+    return [scan for scan in map(scan_record_file, files) if scan.corrupt_at is not None]
+
+
+def describe_corrupt(scan: RecordFileScan) -> str:
+    return f"{scan.path}: corrupt TFRecord data at byte {scan.corrupt_at} ({scan.problem}, after {scan.records} good records)"
+
+
 def _compression(path: str) -> str:
     with tf.io.gfile.GFile(path, "rb") as f:
         return "GZIP" if f.read(2) == schema.GZIP_MAGIC else ""
@@ -79,6 +166,7 @@ def pretraining_dataset(
     seed: Optional[int] = None,
     shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
     cycle_length: int = CYCLE_LENGTH,
+    skip_corrupt_records: bool = False,
 ) -> tf.data.Dataset:
     """Batches of the original's features (schema.parse_pretraining_example), for one input pipeline.
 
@@ -88,6 +176,8 @@ def pretraining_dataset(
       is_training: repeat forever and shuffle; else read once, in order.
       input_context: the tf.distribute InputContext; None for a single pipeline.
       seed: makes file and record shuffling reproducible.
+      skip_corrupt_records: read on past a corrupt or truncated record instead of failing;
+        tf.data then drops the rest of that file (count them first with find_corrupt_files).
     Returns a Dataset of dicts: int32 [batch, max_seq_length] input_ids, input_mask,
     segment_ids; int32 [batch, P] masked_lm_positions, masked_lm_ids; float32
     [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels. The last
@@ -99,19 +189,23 @@ def pretraining_dataset(
     pipeline_id = input_context.input_pipeline_id if input_context else 0
     shard_files = num_pipelines > 1 and len(files) >= num_pipelines
 
+    def read(path):
+        records = tf.data.TFRecordDataset(path, compression_type=compression)
+        return records.ignore_errors() if skip_corrupt_records else records
+
     ds = tf.data.Dataset.from_tensor_slices(files)
     if shard_files:
         ds = ds.shard(num_pipelines, pipeline_id)
     if is_training:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            read,
             cycle_length=min(cycle_length, len(files)),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=seed is not None,
         )
     else:
-        ds = ds.flat_map(lambda f: tf.data.TFRecordDataset(f, compression_type=compression))
+        ds = ds.flat_map(read)
     if num_pipelines > 1 and not shard_files:
         ds = ds.shard(num_pipelines, pipeline_id)
     if is_training:

@@ -1,4 +1,11 @@
-"""Pretraining (masked LM + next sentence) on TFRecords: the library call behind run_pretraining.py.
+"""Pretraining on TFRecords: the library call behind run_pretraining.py.
+
+Objectives (the paper's Table 5 ablations, §5.1): "mlm_nsp" masked LM + next
+sentence (BERT), "mlm" masked LM only ("No NSP"), "ltr" a left-to-right LM
+with a causal attention mask on the same records ("LTR & No NSP"; see
+bert_tf.models.language_model). The objective and whether the encoder is causal
+are recorded in bert_tf_info.json ("objective", "causal_attention"), where
+fine-tuning reads them.
 
 `run_pretraining(config, strategy)` validates the data against the flags,
 writes the model directory's side files (bert_config.json, vocab.txt,
@@ -14,6 +21,7 @@ the model's variables do not depend on the sequence length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,7 +39,15 @@ logger = logging.getLogger("bert_tf.pretraining")
 
 EVAL_RESULTS_FILE = "eval_results.txt"
 # The keys of the original's eval_results.txt (plus global_step).
-EVAL_KEYS = ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss", "loss")
+EVAL_KEYS = ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss", "lm_accuracy",
+             "lm_loss", "loss")
+# Pretraining objectives: name -> (what it is, next-sentence head, causal encoder).
+OBJECTIVES = {
+    "mlm_nsp": ("masked LM + next sentence", True, False),
+    "mlm": ("masked LM only (No NSP)", False, False),
+    "ltr": ("left-to-right LM, causal attention (LTR & No NSP)", False, True),
+}
+DEFAULT_OBJECTIVE = "mlm_nsp"
 # Defaults of the original run_pretraining.py flags.
 DEFAULT_MAX_EVAL_STEPS = 100
 
@@ -69,11 +85,27 @@ class PretrainingConfig:
     keep_checkpoint_max: int = 5
     gradient_accumulation_steps: int = 1
     use_next_sentence_prediction: bool = True
+    # One of OBJECTIVES. "mlm_nsp" with use_next_sentence_prediction=False means "mlm" (the older spelling);
+    # "mlm" and "ltr" turn use_next_sentence_prediction off, so the two fields always agree.
+    objective: str = DEFAULT_OBJECTIVE
     vocab_file: Optional[str] = None
     do_lower_case: Optional[bool] = None
     seed: Optional[int] = 12345
+    skip_corrupt_records: bool = False  # read on past corrupt TFRecord data (counted and logged) instead of failing
+
+    def __post_init__(self):
+        if self.objective == "mlm_nsp" and not self.use_next_sentence_prediction:
+            object.__setattr__(self, "objective", "mlm")
+        if self.objective in OBJECTIVES:
+            object.__setattr__(self, "use_next_sentence_prediction", OBJECTIVES[self.objective][1])
+
+    @property
+    def causal(self) -> bool:
+        return OBJECTIVES[self.objective][2]
 
     def validate(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
         if not self.do_train and not self.do_eval:
             raise PretrainingError("at least one of do_train or do_eval must be True")
         if self.max_seq_length > self.bert_config.max_position_embeddings:
@@ -104,9 +136,13 @@ def pretraining_loss_fn(model, batch, training):
     """BertPretrainer outputs -> (loss, metrics weighted as the original's eval metrics).
 
     MLM accuracy and loss are averaged over real predictions (weights =
-    masked_lm_weights), NSP ones over examples, `loss` over batches.
+    masked_lm_weights), NSP ones over examples, `loss` over batches; a
+    left-to-right model's lm_accuracy and lm_loss over its real next-token targets.
     """
     outputs = model(batch, training=training)
+    if "lm_loss" in outputs:
+        count = outputs["num_predictions"]
+        return outputs["loss"], {"lm_accuracy": (outputs["lm_accuracy"], count), "lm_loss": (outputs["lm_loss"], count)}
     num_predictions = tf.reduce_sum(tf.cast(batch["masked_lm_weights"], tf.float32))
     metrics = {
         "masked_lm_accuracy": (outputs["masked_lm_accuracy"], num_predictions),
@@ -135,6 +171,11 @@ def _write_side_files(config: PretrainingConfig) -> None:
     if config.vocab_file:
         tf.io.gfile.copy(config.vocab_file, os.path.join(out, "vocab.txt"), overwrite=True)
     info = read_run_info(out)
+    recorded = info.get("objective")
+    if recorded in OBJECTIVES and recorded != config.objective and tf.train.latest_checkpoint(out):
+        raise PretrainingError(
+            f"{out}: holds a run with objective {recorded}, not {config.objective}; use a new output_dir"
+        )
     do_lower_case = config.do_lower_case if config.do_lower_case is not None else info.get("do_lower_case", True)
     write_run_info(
         out,
@@ -142,7 +183,8 @@ def _write_side_files(config: PretrainingConfig) -> None:
         use_next_sentence_prediction=config.use_next_sentence_prediction,
         max_seq_length=config.max_seq_length,
         max_predictions_per_seq=config.max_predictions_per_seq,
-        objective="pretraining",
+        objective=config.objective,
+        causal_attention=config.causal,
     )
 
 
@@ -185,6 +227,10 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
         raise PretrainingError(str(e)) from None
 
     def model_fn():
+        if config.objective == "ltr":
+            from bert_tf.models.language_model import LeftToRightPretrainer
+
+            return LeftToRightPretrainer(config.bert_config)
         return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction)
 
     def optimizer_fn(variables):
@@ -201,10 +247,22 @@ def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
     def dataset_fn(ctx, batch_size):
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
-            input_context=ctx, seed=config.seed,
+            input_context=ctx, seed=config.seed, skip_corrupt_records=config.skip_corrupt_records,
         )
 
     return dataset_fn
+
+
+@contextlib.contextmanager
+def _naming_corrupt_files(files):
+    """tf.data's DataLossError ("corrupted record at 1633") does not say which file: find it."""
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        corrupt = pipelines.find_corrupt_files(files)
+        where = (pipelines.describe_corrupt(corrupt[0]) if corrupt
+                 else f"corrupt input data in {', '.join(files)} ({str(e).strip().splitlines()[0]})")
+        raise pipelines.InputDataError(f"{where}; pass --skip_corrupt_records to read past it") from None
 
 
 def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> Optional[Dict[str, float]]:
@@ -218,8 +276,22 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     if not train_files:
         raise PretrainingError("input_file matched no files")
     eval_files = list(config.eval_input_files or train_files)
-    for path in {train_files[0], eval_files[0]}:
-        pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
+    all_files = sorted(set(train_files) | set(eval_files))
+    unreadable = set()
+    if config.skip_corrupt_records:
+        corrupt = pipelines.find_corrupt_files(all_files)
+        unreadable = {scan.path for scan in corrupt if scan.records == 0}
+        if corrupt:
+            lost = sum(scan.skipped for scan in corrupt if scan.skipped > 0)
+            logger.warning(
+                "skip_corrupt_records: corrupt data in %d of %d file(s); reading a file stops there, so %d "
+                "intact record(s) after it%s are skipped too: %s", len(corrupt), len(all_files),
+                lost, " (and the rest of files whose framing is lost)" if any(s.skipped < 0 for s in corrupt) else "",
+                "; ".join(pipelines.describe_corrupt(scan) for scan in corrupt))
+    # Every file's first record: a shard made with other lengths fails here, not hours into training.
+    for path in all_files:
+        if path not in unreadable:
+            pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
     trainer = build_trainer(config, strategy)
     if trainer.is_chief:
         _write_side_files(config)
@@ -230,19 +302,21 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
             extra={
                 "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
                          f"{config.max_predictions_per_seq} predictions per sequence",
-                "objective": "masked LM" + (" + next sentence" if config.use_next_sentence_prediction else ""),
+                "objective": f"{config.objective}: {OBJECTIVES[config.objective][0]}",
                 "optimizer": f"{config.optimizer}, lr {config.learning_rate}, weight decay {config.weight_decay_rate}",
             },
         )
-        trainer.train(_dataset_fn(config, train_files, is_training=True))
+        with _naming_corrupt_files(train_files):
+            trainer.train(_dataset_fn(config, train_files, is_training=True))
 
     if not config.do_eval:
         return None
     if not config.do_train:
         if trainer.restore() is None and not config.init_checkpoint:
             raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
-    results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False), config.eval_batch_size,
-                               steps=config.max_eval_steps)
+    with _naming_corrupt_files(eval_files):
+        results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False), config.eval_batch_size,
+                                   steps=config.max_eval_steps)
     results = {k: results[k] for k in (*EVAL_KEYS, "global_step") if k in results}
     if trainer.is_chief:
         loop.write_eval_results(os.path.join(config.output_dir, EVAL_RESULTS_FILE), results)
