@@ -6,6 +6,7 @@ top-level scripts import this module (the library never reads flags).
 """
 
 import logging
+import os
 import sys
 
 from absl import flags
@@ -106,6 +107,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("seed", 12345, "Random seed (head initialisation, dropout, shuffling).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
                       "example. Default: on, except on TPU (fixed shapes).")
+    flags.DEFINE_string("export_dir", None, "At the end, export the model of --output_dir (its latest checkpoint) "
+                        "as a SavedModel that serves raw text, to this new or empty folder (TF Serving: "
+                        "<models>/<name>/<version>). For <output_dir>/best use export_savedmodel.py.")
     define_tpu_and_strategy_flags()
     define_optimizer_flags(learning_rate)
 
@@ -119,6 +123,7 @@ def finetune_settings():
 
     if not FLAGS.output_dir:
         fail("--output_dir is required")
+    _check_export_dir()  # before hours of training, not after
     strategy = make_strategy()
     try:
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
@@ -132,3 +137,38 @@ def finetune_settings():
         jit_compile=use_jit(strategy), iterations_per_loop=FLAGS.iterations_per_loop,
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
         gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, seed=FLAGS.seed, dynamic_padding=dynamic)
+
+
+def _check_export_dir():
+    """--export_dir must be new or empty: an export never replaces one a server may be reading."""
+    from bert_tf import fileio
+
+    path = FLAGS.export_dir
+    if not path or not fileio.exists(path):
+        return
+    if fileio.is_remote(path):
+        import tensorflow as tf
+
+        isdir, listdir = tf.io.gfile.isdir, tf.io.gfile.listdir
+    else:
+        isdir, listdir = os.path.isdir, os.listdir
+    if not isdir(path):
+        fail(f"{path}: --export_dir exists and is not a directory")
+    if listdir(path):
+        fail(f"{path}: --export_dir exists and is not empty; pass a new folder (e.g. the next version number)")
+
+
+def export_if_asked(settings):
+    """--export_dir: exports the fine-tuned model in --output_dir at the end of a run (the chief only)."""
+    if not FLAGS.export_dir:
+        return
+    from bert_tf.export import ExportError, export_model_dir
+    from bert_tf.training.strategy import is_chief
+
+    if not is_chief(settings.strategy):
+        return
+    try:
+        out = export_model_dir(FLAGS.output_dir, FLAGS.export_dir)
+    except ExportError as e:
+        fail(str(e))
+    logging.getLogger("bert_tf").info("exported the fine-tuned model as a SavedModel: %s", out)

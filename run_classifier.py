@@ -60,6 +60,7 @@ def main(_):
         results = run(cfg)
     except (FinetuneError, TaskDataError, ValueError) as e:
         fail(str(e))
+    bert_flags.export_if_asked(settings)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}) *****")
         for key in sorted(split_results):

@@ -68,6 +68,7 @@ def main(_):
         results = run(cfg, inputs)
     except (FinetuneError, TaskDataError, ValueError) as e:
         fail(str(e))
+    bert_flags.export_if_asked(cfg.run)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}, SQuAD v{cfg.version}) *****")
         for key, value in split_results.items():

@@ -365,3 +365,41 @@ def test_saved_model_cli_lists_the_signatures_with_names_dtypes_and_shapes(expor
         "inputs": text_in, "outputs": {k: ("DT_INT32", f"(-1, {SEQ})") for k in hub_ids}}
     assert found["serve_text"] == {"inputs": {"text": ("DT_STRING", "(-1)")}, "outputs": answers}
     assert "Method name is: tensorflow/serving/predict" in result.stdout
+
+
+def test_runner_export_dir_serves_what_the_runner_predicted(tmp_path):
+    """run_classifier.py --export_dir: the export's probabilities on raw test sentences are the runner's own
+    test_results.tsv; a second run into the now non-empty export_dir stops before training."""
+    data = REPO / "tests" / "testdata" / "classifier"
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+    BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=32, max_position_embeddings=32).to_json_file(str(model / "bert_config.json"))
+    out, export_dir = tmp_path / "out", tmp_path / "serving" / "bert" / "1"
+
+    def run(output_dir):
+        return subprocess.run(
+            [sys.executable, str(REPO / "run_classifier.py"), "--task_name=user", f"--data_dir={data}",
+             "--index_column=id", f"--vocab_file={model / 'vocab.txt'}", f"--bert_config_file={model / 'bert_config.json'}",
+             f"--output_dir={output_dir}", f"--export_dir={export_dir}", "--max_seq_length=16", "--train_batch_size=8",
+             "--do_train", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3"],
+            capture_output=True, text=True, cwd=str(REPO), timeout=600,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops the export uses)
+
+    result = run(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")  # [6, 2]
+    sentences = [line.split("\t")[1] for line in (data / "test.tsv").read_text("utf-8").splitlines()[1:]]
+    loaded = tf.saved_model.load(str(export_dir))
+    got = loaded.signatures["serving_default"](text_a=tf.constant(sentences), text_b=tf.constant([""] * len(sentences)))
+    np.testing.assert_allclose(got["probabilities"], expected, atol=1e-5)
+    assert [x.decode() for x in got["label"].numpy()] == [["no", "yes"][i] for i in expected.argmax(axis=1)]
+
+    second = run(tmp_path / "out2")
+    assert second.returncode != 0
+    assert second.stderr.strip().splitlines()[-1] == (
+        f"error: {export_dir}: --export_dir exists and is not empty; pass a new folder (e.g. the next version number)")
+    assert not (tmp_path / "out2").exists()
