@@ -52,6 +52,8 @@ class Pretrained:
     fmt: "tf1" (original bert_model.ckpt), "hf" (Hugging Face folder or
     .safetensors), "ours" (a bert_tf checkpoint), or None (train from scratch).
     do_lower_case: what the source records about casing, or None.
+    causal: the encoder attends left to right only (a model pretrained with
+    --objective=ltr, as its bert_tf_info.json records); fine-tuning keeps the mask.
     """
 
     config: BertConfig
@@ -59,6 +61,13 @@ class Pretrained:
     init_checkpoint: Optional[str]
     fmt: Optional[str]
     do_lower_case: Optional[bool]
+    causal: bool = False
+
+    def build_encoder(self):
+        """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
+        from bert_tf.models import BertEncoder
+
+        return BertEncoder(self.config, causal=self.causal)
 
     def init_fn(self, model) -> None:
         """Loads the pretrained encoder (and any matching heads) into a fresh task model."""
@@ -101,6 +110,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     """
     fmt = None
     do_lower_case = None
+    causal = False
     folder = None
     if init_checkpoint:
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
@@ -115,6 +125,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         if folder is None:
             folder = init_checkpoint if os.path.isdir(init_checkpoint) else os.path.dirname(init_checkpoint)
         info = read_run_info(folder)
+        causal = bool(info.get("causal_attention", False))
         if "do_lower_case" in info:
             do_lower_case = bool(info["do_lower_case"])
         elif fmt == "hf":
@@ -140,7 +151,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
             f"{vocab_file}: {vocab_size} tokens but the model's vocab_size is {config.vocab_size}; "
             "this vocab does not belong to this model"
         )
-    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case)
+    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal)
 
 
 def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:
@@ -258,6 +269,8 @@ def write_model_dir_files(output_dir: str, pretrained: Pretrained, *, do_lower_c
     if os.path.abspath(pretrained.vocab_file) != os.path.abspath(vocab_out):
         with tf.io.gfile.GFile(pretrained.vocab_file, "r") as f:
             write_text_atomic(vocab_out, f.read())
+    if pretrained.causal:
+        info.setdefault("causal_attention", True)  # the export and later fine-tuning rebuild the causal encoder
     write_run_info(output_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length),
                    task_type=task_type, **info)
 

@@ -1,7 +1,7 @@
 """Keras 3 building blocks of the BERT encoder (REFERENCE.md §3)."""
 
 from bert_tf.layers.activations import gelu, get_activation
-from bert_tf.layers.attention import SelfAttention, attention_bias_from_mask
+from bert_tf.layers.attention import SelfAttention, attention_bias_from_mask, causal_attention_bias
 from bert_tf.layers.embeddings import BertEmbeddings
 from bert_tf.layers.transformer import TransformerBlock
 
@@ -10,6 +10,7 @@ __all__ = [
     "SelfAttention",
     "TransformerBlock",
     "attention_bias_from_mask",
+    "causal_attention_bias",
     "gelu",
     "get_activation",
 ]

@@ -19,6 +19,16 @@ def attention_bias_from_mask(input_mask):
     return ((1.0 - mask) * MASKED_SCORE_BIAS)[:, None, None, :]
 
 
+def causal_attention_bias(seq_length):
+    """-> float32 [1, 1, F, T] with MASKED_SCORE_BIAS where t > f: no position attends to a later one.
+
+    The left-to-right (GPT-style) mask of the paper's "LTR & No NSP" ablation (§5.1).
+    """
+    positions = ops.arange(seq_length)
+    future = ops.cast(positions[None, :] > positions[:, None], "float32")  # [F, T], 1 above the diagonal
+    return (future * MASKED_SCORE_BIAS)[None, None, :, :]
+
+
 class SelfAttention(keras.layers.Layer):
     """Separate Q/K/V dense layers with bias, scaled dot product, output dense.
 
@@ -32,6 +42,7 @@ class SelfAttention(keras.layers.Layer):
         num_heads: int,
         dropout_rate: float,
         initializer_range: float,
+        causal: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -42,6 +53,7 @@ class SelfAttention(keras.layers.Layer):
         self.head_size = hidden_size // num_heads
         self.dropout_rate = dropout_rate
         self.initializer_range = initializer_range
+        self.causal = causal  # left-to-right: position f attends to t <= f only
 
         def dense(name):
             return keras.layers.Dense(
@@ -78,7 +90,10 @@ class SelfAttention(keras.layers.Layer):
         v = self._split_heads(self.value(x), batch, seq)  # [B, T, N, D]
         scores = ops.einsum("bfnd,btnd->bnft", q, k)  # [B, N, F, T]
         scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size))
-        probs = ops.softmax(scores + attention_bias_from_mask(input_mask), axis=-1)  # [B, N, F, T], float32
+        bias = attention_bias_from_mask(input_mask)  # [B, 1, 1, T]
+        if self.causal:
+            bias = bias + causal_attention_bias(seq)  # [B, 1, F, T]
+        probs = ops.softmax(scores + bias, axis=-1)  # [B, N, F, T], float32
         probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
         context = ops.einsum("bnft,btnd->bfnd", probs, v)  # [B, F, N, D]
         context = ops.reshape(context, (batch, seq, self.hidden_size))  # [B, F, H]
@@ -91,5 +106,6 @@ class SelfAttention(keras.layers.Layer):
             num_heads=self.num_heads,
             dropout_rate=self.dropout_rate,
             initializer_range=self.initializer_range,
+            causal=self.causal,
         )
         return config

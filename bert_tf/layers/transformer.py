@@ -25,6 +25,7 @@ class TransformerBlock(keras.layers.Layer):
         hidden_dropout_rate: float,
         attention_dropout_rate: float,
         initializer_range: float,
+        causal: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -35,11 +36,13 @@ class TransformerBlock(keras.layers.Layer):
         self.hidden_dropout_rate = hidden_dropout_rate
         self.attention_dropout_rate = attention_dropout_rate
         self.initializer_range = initializer_range
+        self.causal = causal
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         policy = self.dtype_policy
 
         self.attention = SelfAttention(
-            hidden_size, num_heads, attention_dropout_rate, initializer_range, name="attention", dtype=policy
+            hidden_size, num_heads, attention_dropout_rate, initializer_range, causal=causal, name="attention",
+            dtype=policy,
         )
         self.attention_dropout = keras.layers.Dropout(hidden_dropout_rate, dtype=policy)
         self.attention_layer_norm = keras.layers.LayerNormalization(
@@ -83,5 +86,6 @@ class TransformerBlock(keras.layers.Layer):
             hidden_dropout_rate=self.hidden_dropout_rate,
             attention_dropout_rate=self.attention_dropout_rate,
             initializer_range=self.initializer_range,
+            causal=self.causal,
         )
         return config

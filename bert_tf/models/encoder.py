@@ -28,11 +28,19 @@ class BertEncoder(keras.Model):
     Variables exist as soon as the encoder is constructed, so checkpoints can be
     loaded before the first call. Layer names are stable: embeddings,
     layer_{i}, pooler; `bert_tf.checkpoints` maps them to the original names.
+
+    `causal=True` is the left-to-right encoder of the paper's "LTR & No NSP"
+    ablation (§5.1): every position attends only to itself and earlier ones,
+    and the pooler reads the last real token (the only one that has seen the
+    whole input, as GPT's classifier does) instead of [CLS]. The weights are
+    the same variables, so checkpoints do not say whether they are causal; the
+    model directory's bert_tf_info.json does ("causal_attention").
     """
 
-    def __init__(self, config: BertConfig, name: str = "bert", **kwargs):
+    def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False, **kwargs):
         super().__init__(name=name, **kwargs)
         self.config = config
+        self.causal = causal
         policy = self.dtype_policy
         # --- layers
         self.embeddings = BertEmbeddings(
@@ -56,6 +64,7 @@ class BertEncoder(keras.Model):
                 hidden_dropout_rate=config.hidden_dropout_prob,
                 attention_dropout_rate=config.attention_probs_dropout_prob,
                 initializer_range=config.initializer_range,
+                causal=causal,
                 name=f"layer_{i}",
                 dtype=policy,
             )
@@ -94,16 +103,22 @@ class BertEncoder(keras.Model):
         for block in self.blocks:
             x = block(x, input_mask, training=training)
             encoder_outputs.append(x)
-        pooled = self.pooler(x[:, 0, :])  # [B, H]: the [CLS] position
+        if self.causal:
+            last = ops.maximum(ops.sum(input_mask, axis=1) - 1, 0)  # [B]: the last real position
+            first_token = ops.take_along_axis(x, last[:, None, None], axis=1)[:, 0, :]  # [B, H]
+        else:
+            first_token = x[:, 0, :]  # [B, H]: the [CLS] position
+        pooled = self.pooler(first_token)  # [B, H]
         return {"sequence_output": x, "pooled_output": pooled, "encoder_outputs": encoder_outputs}
 
     # --- config
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name}
+        return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal}
 
     @classmethod
     def from_config(cls, config):
-        return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"))
+        return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
+                   causal=config.get("causal", False))
 
     @property
     def blocks(self):

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from bert_tf import finetuning
 from bert_tf.configs import write_text_atomic
-from bert_tf.models import BertClassifier, BertEncoder
+from bert_tf.models import BertClassifier
 from bert_tf.runners import common
 from bert_tf.tasks import glue
 
@@ -117,7 +117,7 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             eval_sets[split] = _features(cfg, tokenizer, split)
 
     def model_fn():
-        return BertClassifier(BertEncoder(pretrained.config), num_labels=task.num_labels)
+        return BertClassifier(pretrained.build_encoder(), num_labels=task.num_labels)
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, classification_loss,
                                   num_train_steps=num_train_steps, global_batch_size=cfg.train_batch_size,

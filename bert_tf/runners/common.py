@@ -42,12 +42,27 @@ class RunSettings:
     gradient_accumulation_steps: int = 1
     seed: int = 12345
     dynamic_padding: bool = True  # batch by length; off on TPU (fixed shapes)
+    # > 0: add this times the pretraining LM loss on the task inputs (GPT-1's auxiliary objective,
+    # lambda = 0.5 there; bert_tf.training.auxiliary_lm). 0: the plain fine-tuning loss, as BERT.
+    aux_lm_weight: float = 0.0
 
 
 def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, loss_fn: Callable, *,
                  num_train_steps: int, global_batch_size: int, warmup_proportion: float) -> Trainer:
-    """A Trainer whose fresh model starts from `settings.pretrained` (a resumed run from output_dir)."""
+    """A Trainer whose fresh model starts from `settings.pretrained` (a resumed run from output_dir).
+
+    With `settings.aux_lm_weight` > 0 the model gets an LM head and the loss the auxiliary LM term.
+    """
     keras.utils.set_random_seed(settings.seed)  # head initialisation and dropout
+    if settings.aux_lm_weight < 0:
+        raise ValueError(f"aux_lm_weight must be >= 0, got {settings.aux_lm_weight}")
+    if settings.aux_lm_weight > 0:
+        from bert_tf.tokenization import load_vocab
+        from bert_tf.training.auxiliary_lm import with_auxiliary_lm
+
+        model_fn, loss_fn = with_auxiliary_lm(model_fn, loss_fn, settings.aux_lm_weight,
+                                              causal=settings.pretrained.causal,
+                                              vocab=load_vocab(settings.pretrained.vocab_file))
     steps = max(num_train_steps, 1)
     config = TrainConfig(
         model_dir=output_dir,

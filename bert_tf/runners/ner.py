@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from bert_tf import finetuning
 from bert_tf.configs import read_run_info, write_text_atomic
-from bert_tf.models import BertEncoder, BertTokenClassifier
+from bert_tf.models import BertTokenClassifier
 from bert_tf.runners import common
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, conll
 from bert_tf.tasks.glue import eval_results_text
@@ -191,7 +191,7 @@ def run(cfg: NerRunConfig) -> Dict[str, Dict[str, float]]:
         test = _featurize(cfg, read_split(cfg.data_dir, "test"), labels, tokenizer, labels_from)
 
     def model_fn():
-        return BertTokenClassifier(BertEncoder(pretrained.config), num_labels=len(labels))
+        return BertTokenClassifier(pretrained.build_encoder(), num_labels=len(labels))
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, tagging_loss,
                                   num_train_steps=num_train_steps, global_batch_size=cfg.train_batch_size,

@@ -256,7 +256,7 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
 
     from bert_tf import finetuning
     from bert_tf.configs import write_text_atomic
-    from bert_tf.models import BertEncoder, BertSpanLabeler
+    from bert_tf.models import BertSpanLabeler
     from bert_tf.runners import common
 
     if cfg.run is None:
@@ -284,7 +284,7 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
                                                       cfg.predict_file)
 
     def model_fn():
-        return BertSpanLabeler(BertEncoder(pretrained.config))
+        return BertSpanLabeler(pretrained.build_encoder())
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, span_loss, num_train_steps=num_train_steps,
                                   global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)

@@ -21,7 +21,7 @@ import numpy as np
 
 from bert_tf import finetuning
 from bert_tf.configs import write_text_atomic
-from bert_tf.models import BertEncoder, BertMultipleChoice
+from bert_tf.models import BertMultipleChoice
 from bert_tf.runners import common
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.tasks import TaskDataError, swag
@@ -109,7 +109,7 @@ def run(cfg: SwagRunConfig) -> Dict[str, Dict[str, float]]:
     test = _features(cfg, tokenizer, "test") if cfg.do_predict else None
 
     def model_fn():
-        return BertMultipleChoice(BertEncoder(pretrained.config), num_choices=swag.NUM_CHOICES)
+        return BertMultipleChoice(pretrained.build_encoder(), num_choices=swag.NUM_CHOICES)
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, multiple_choice_loss,
                                   num_train_steps=num_train_steps, global_batch_size=cfg.train_batch_size,
