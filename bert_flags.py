@@ -105,6 +105,8 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("eval_every_steps", 0, "Evaluate on dev every N steps during training and keep the "
                          "best model in <output_dir>/best (0: only at the end).")
     flags.DEFINE_integer("seed", 12345, "Random seed (head initialisation, dropout, shuffling).")
+    flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
+                       "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
                       "example. Default: on, except on TPU (fixed shapes).")
     flags.DEFINE_string("export_dir", None, "At the end, export the model of --output_dir (its latest checkpoint) "
@@ -136,7 +138,8 @@ def finetune_settings():
         weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
         jit_compile=use_jit(strategy), iterations_per_loop=FLAGS.iterations_per_loop,
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
-        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, seed=FLAGS.seed, dynamic_padding=dynamic)
+        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, seed=FLAGS.seed, dynamic_padding=dynamic,
+        aux_lm_weight=FLAGS.aux_lm_weight)
 
 
 def _check_export_dir():

@@ -68,6 +68,11 @@ def build_task_model(config: BertConfig, info: dict):
         BertTokenClassifier,
     )
 
+    causal = bool(info.get("causal_attention", False))  # a left-to-right (--objective=ltr) encoder
+
+    def encoder():
+        return BertEncoder(config, causal=causal)
+
     task = info.get("task_type")
     if task not in TASK_TYPES:
         raise ExportError(f"{RUN_INFO_FILE}: task_type {task!r}; expected one of {', '.join(TASK_TYPES)}")
@@ -76,18 +81,18 @@ def build_task_model(config: BertConfig, info: dict):
         if not isinstance(labels, list) or not labels:
             raise ExportError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task}")
     if task == "classification":
-        return BertClassifier(BertEncoder(config), num_labels=len(info["label_list"]))
+        return BertClassifier(encoder(), num_labels=len(info["label_list"]))
     if task == "regression":
-        return BertClassifier(BertEncoder(config), num_labels=1)
+        return BertClassifier(encoder(), num_labels=1)
     if task == "span":
-        return BertSpanLabeler(BertEncoder(config))
+        return BertSpanLabeler(encoder())
     if task == "multiple_choice":
         num_choices = info.get("num_choices")
         if not isinstance(num_choices, int) or num_choices < 2:
             raise ExportError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
-        return BertMultipleChoice(BertEncoder(config), num_choices=num_choices)
+        return BertMultipleChoice(encoder(), num_choices=num_choices)
     if task == "tagging":
-        return BertTokenClassifier(BertEncoder(config), num_labels=len(info["label_list"]))
+        return BertTokenClassifier(encoder(), num_labels=len(info["label_list"]))
     return BertPretrainer(config)
 
 
