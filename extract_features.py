@@ -4,6 +4,10 @@
       --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
       --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt --layers=-1,-2,-3,-4 --max_seq_length=128
 
+--layer_combination writes one combined vector per token instead of one per layer
+(the paper's Table 7): layer:-2, sum_last:4, concat_last:4 or scalar_mix
+(with --scalar_mix_weights, one weight per layer; uniform by default).
+
 --init_checkpoint may be an original TF1 checkpoint, one of ours, or a Hugging Face folder
 (model.safetensors + config.json; then --bert_config_file and --vocab_file default to the folder's).
 """
@@ -18,6 +22,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "One example per line; ' ||| ' separates a sentence pair.")
 flags.DEFINE_string("output_file", None, "JSONL output, one line per input line.")
 flags.DEFINE_string("layers", "-1,-2,-3,-4", "Comma-separated layer indexes (-1 = last layer).")
+flags.DEFINE_string("layer_combination", None, "Combine layers into one vector per token (replaces --layers): "
+                    "layer:<index>, sum_last:<k>, concat_last:<k> or scalar_mix.")
+flags.DEFINE_list("scalar_mix_weights", None, "--layer_combination=scalar_mix: one weight per layer, first to "
+                  "last (default 1/num_layers each).")
 flags.DEFINE_string("bert_config_file", None, "bert_config.json of the pretrained model.")
 flags.DEFINE_integer("max_seq_length", 128, "Maximum total input length in WordPiece tokens (truncated beyond).")
 flags.DEFINE_string("init_checkpoint", None, "Pretrained weights: TF1 checkpoint, ours, or a Hugging Face folder.")
@@ -34,9 +42,9 @@ flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 def main(argv):
     del argv
     from bert_tf import checkpoints
-    from bert_tf.configs import BertConfig, ConfigError
+    from bert_tf.configs import BertConfig, ConfigError, read_run_info
     from bert_tf.models import BertEncoder
-    from bert_tf.models.feature_extraction import extract_features, read_examples
+    from bert_tf.models.feature_extraction import extract_features, parse_layer_combination, read_examples
     from bert_tf.tokenization import FullTokenizer, VocabError
 
     try:
@@ -45,6 +53,14 @@ def main(argv):
         print(
             f"extract_features.py: error: --layers={FLAGS.layers!r}: expected comma-separated integers", file=sys.stderr
         )
+        sys.exit(1)
+    try:
+        combination = parse_layer_combination(FLAGS.layer_combination) if FLAGS.layer_combination else None
+        mix_weights = [float(w) for w in FLAGS.scalar_mix_weights] if FLAGS.scalar_mix_weights else None
+        if mix_weights is not None and (combination is None or combination.kind != "scalar_mix"):
+            raise ValueError("--scalar_mix_weights needs --layer_combination=scalar_mix")
+    except ValueError as e:
+        print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     try:
         fmt = checkpoints.detect_format(FLAGS.init_checkpoint)
@@ -64,11 +80,14 @@ def main(argv):
                 f"{config.max_position_embeddings} of the bert_config"
             )
         tokenizer = FullTokenizer(vocab_file, do_lower_case=FLAGS.do_lower_case)
-        encoder = BertEncoder(config)
+        # A left-to-right (--objective=ltr) model records it beside its checkpoints.
+        causal = bool(read_run_info(folder).get("causal_attention", False)) if fmt == "ours" else False
+        encoder = BertEncoder(config, causal=causal)
         checkpoints.load_pretrained(encoder, FLAGS.init_checkpoint, fmt)
         examples = read_examples(FLAGS.input_file)
         count = extract_features(
-            encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size
+            encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size,
+            combination=combination, mix_weights=mix_weights,
         )
     except (checkpoints.CheckpointError, ConfigError, VocabError, FileNotFoundError, ValueError) as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)

@@ -23,6 +23,10 @@ flags.DEFINE_string("data_dir", None, "The folder with train.txt, valid.txt (or 
 flags.DEFINE_list("labels", None, "The tag set in id order, or 'conll2003' for the CoNLL-2003 tags (default: the "
                   "trained model's in --output_dir, else the tags of train.txt, widened to all nine CoNLL-2003 "
                   "tags when it only uses those).")
+flags.DEFINE_bool("feature_based", False, "Do not fine-tune BERT: train a 2-layer BiLSTM tagger on its frozen "
+                  "features (the paper's feature-based approach, Table 7).")
+flags.DEFINE_string("feature_layers", "concat_last:4", "--feature_based: how the encoder layers are combined: "
+                    "layer:<index>, sum_last:<k>, concat_last:<k> (the paper's best) or scalar_mix (learned).")
 bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=5e-5, train_batch_size=32, num_train_epochs=3.0)
 
 
@@ -45,7 +49,8 @@ def main(_):
         do_eval=FLAGS.do_eval, do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size,
         eval_batch_size=FLAGS.eval_batch_size, predict_batch_size=FLAGS.predict_batch_size,
         num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
-        eval_every_steps=FLAGS.eval_every_steps)
+        eval_every_steps=FLAGS.eval_every_steps, feature_based=FLAGS.feature_based,
+        feature_layers=FLAGS.feature_layers)
     try:
         results = run(cfg)
     except (FinetuneError, TaskDataError, ValueError) as e:

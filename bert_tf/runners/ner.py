@@ -7,6 +7,11 @@ of each word carries the word's tag; the loss is the mean cross-entropy over tho
 pieces only. Scores are entity-level precision / recall / F1 with conlleval's
 semantics (bert_tf.tasks.conll.conlleval).
 
+With `feature_based` the encoder is not fine-tuned: a 2-layer BiLSTM tagger is
+trained on its frozen features (the paper's feature-based approach, §5.3;
+`feature_layers` says how layers are combined, concat_last:4 by default;
+bert_tf.models.feature_tagger).
+
 Files written to output_dir:
   eval_results.txt        eval_precision, eval_recall, eval_f1, eval_accuracy (token),
                           eval_loss, global_step, eval_<TYPE>_f1 per entity type
@@ -30,6 +35,8 @@ import tensorflow as tf
 from bert_tf import finetuning
 from bert_tf.configs import read_run_info, write_text_atomic
 from bert_tf.models import BertTokenClassifier
+from bert_tf.models.feature_extraction import parse_layer_combination
+from bert_tf.models.feature_tagger import DEFAULT_FEATURE_LAYERS, BiLSTMFeatureTagger
 from bert_tf.runners import common
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, conll
 from bert_tf.tasks.glue import eval_results_text
@@ -61,6 +68,8 @@ class NerRunConfig:
     num_train_epochs: float = 3.0
     warmup_proportion: float = 0.1
     eval_every_steps: int = 0  # 0: evaluate once after training
+    feature_based: bool = False  # train a BiLSTM on frozen encoder features instead of fine-tuning
+    feature_layers: str = DEFAULT_FEATURE_LAYERS  # how the frozen layers are combined (feature_based only)
 
 
 def tagging_loss(model, batch, training):
@@ -179,6 +188,10 @@ def run(cfg: NerRunConfig) -> Dict[str, Dict[str, float]]:
     train_examples = read_split(cfg.data_dir, "train") if cfg.do_train else None
     labels, labels_from = _resolve_labels(cfg, train_examples)
     info = dict(task=TASK_NAME, label_list=list(labels))
+    if cfg.feature_based:
+        combination = parse_layer_combination(cfg.feature_layers).fit(pretrained.config.num_hidden_layers)
+        combination.layer_indexes(pretrained.config.num_hidden_layers)  # bad index: one line, before any work
+        info.update(feature_based=True, feature_layers=combination.spec)
     finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, **info)
     train = dev = test = None
     num_train_steps = 0
@@ -191,6 +204,8 @@ def run(cfg: NerRunConfig) -> Dict[str, Dict[str, float]]:
         test = _featurize(cfg, read_split(cfg.data_dir, "test"), labels, tokenizer, labels_from)
 
     def model_fn():
+        if cfg.feature_based:
+            return BiLSTMFeatureTagger(pretrained.build_encoder(), len(labels), combination)
         return BertTokenClassifier(pretrained.build_encoder(), num_labels=len(labels))
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, tagging_loss,
