@@ -55,6 +55,11 @@ def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq
     """Compares the flags with the lengths stored in the first record of `path`; one-line error on a mismatch."""
     try:
         found = schema.inspect_record_file(path)
+    except tf.errors.DataLossError:
+        scan = scan_record_file(path)
+        if scan.corrupt_at is None:
+            raise
+        raise InputDataError(f"{describe_corrupt(scan)}; pass --skip_corrupt_records to read past it") from None
     except (ValueError, tf.errors.OpError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputDataError(message if message.startswith(path) else f"{path}: {message}") from None

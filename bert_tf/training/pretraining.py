@@ -108,6 +108,17 @@ class PretrainingConfig:
             raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
         if not self.do_train and not self.do_eval:
             raise PretrainingError("at least one of do_train or do_eval must be True")
+        if self.vocab_file:
+            from bert_tf.tokenization import VocabError, load_vocab
+
+            try:
+                vocab_size = len(load_vocab(self.vocab_file))
+            except VocabError as e:
+                raise PretrainingError(str(e)) from None
+            if vocab_size > self.bert_config.vocab_size:
+                raise PretrainingError(
+                    f"{self.vocab_file}: {vocab_size} tokens but the model's vocab_size is "
+                    f"{self.bert_config.vocab_size}; this vocab does not belong to this model")
         if self.max_seq_length > self.bert_config.max_position_embeddings:
             raise PretrainingError(
                 f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
@@ -164,7 +175,8 @@ def _write_side_files(config: PretrainingConfig) -> None:
         existing = BertConfig.from_json_file(config_path)
         if existing != config.bert_config:
             raise PretrainingError(
-                f"{config_path}: output_dir holds a run with a different bert_config; use a new output_dir"
+                f"{config_path}: output_dir holds a run with a different bert_config; use a new output_dir or pass "
+                "--overwrite_output_dir"
             )
     else:
         config.bert_config.to_json_file(config_path)
@@ -198,7 +210,10 @@ def _init_fn(init_checkpoint: Optional[str]):
         try:
             report = checkpoints.load_pretrained(model, init_checkpoint)
         except (ValueError, tf.errors.OpError) as e:
-            raise PretrainingError(f"{init_checkpoint}: {str(e).strip().splitlines()[0]}") from None
+            message = str(e).strip().splitlines()[0]
+            if not message.startswith(init_checkpoint):
+                message = f"{init_checkpoint}: {message}"
+            raise PretrainingError(message) from None
         logger.info("initialised from %s%s", init_checkpoint, f" ({report})" if report is not None else "")
 
     return init
