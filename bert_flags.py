@@ -79,6 +79,27 @@ def setup_logging():
     tf.get_logger().setLevel("ERROR")
 
 
+def define_overwrite_flag():
+    flags.DEFINE_bool("overwrite_output_dir", False, "Delete a previous run's checkpoints, summaries and model "
+                      "files from --output_dir and start afresh (without it, a run resumes from them, and one "
+                      "with a different model or task is refused).")
+
+
+def overwrite_output_dir_if_asked(protected=()):
+    """--overwrite_output_dir: clears the previous run from --output_dir (never a path in `protected`)."""
+    import os  # (local: this helper does not rely on the module's imports)
+
+    if not FLAGS.overwrite_output_dir or not FLAGS.output_dir:
+        return
+    out = os.path.abspath(FLAGS.output_dir)
+    for path in (p.strip() for paths in protected if paths for p in paths.split(",")):
+        if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
+            fail(f"--overwrite_output_dir would delete {path} (inside --output_dir {FLAGS.output_dir})")
+    from bert_tf.training.loop import clear_model_dir
+
+    clear_model_dir(FLAGS.output_dir)
+
+
 def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e-5, train_batch_size: int = 32,
                             eval_batch_size: int = 8, num_train_epochs: float = 3.0):
     """The flags every fine-tuning runner shares, with the original run_classifier.py's names and defaults."""
@@ -87,6 +108,7 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_string("vocab_file", None, "The vocab.txt of the pre-trained model (found beside "
                         "--init_checkpoint when not given).")
     flags.DEFINE_string("output_dir", None, "Where the model checkpoints and outputs are written.")
+    define_overwrite_flag()
     flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
                         "folder or .safetensors, or a bert_tf model directory / checkpoint.")
     flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models, False for cased).")
@@ -126,6 +148,7 @@ def finetune_settings():
     if not FLAGS.output_dir:
         fail("--output_dir is required")
     _check_export_dir()  # before hours of training, not after
+    overwrite_output_dir_if_asked(protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))
     strategy = make_strategy()
     try:
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)

@@ -26,6 +26,7 @@ from bert_flags import FLAGS, fail
 flags.DEFINE_string("bert_config_file", None, "The config json file corresponding to the pre-trained BERT model.")
 flags.DEFINE_string("input_file", None, "Input TF example files (comma-separated globs).")
 flags.DEFINE_string("output_dir", None, "The output directory where the model checkpoints will be written.")
+bert_flags.define_overwrite_flag()
 flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
                     "folder or .safetensors, or a bert_tf checkpoint.")
 flags.DEFINE_integer("max_seq_length", 128, "The maximum total input sequence length after WordPiece "
@@ -69,6 +70,8 @@ def main(_):
     for name in ("bert_config_file", "input_file", "output_dir"):
         if not getattr(FLAGS, name):
             fail(f"--{name} is required")
+    bert_flags.overwrite_output_dir_if_asked(
+        protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.input_file))
     objective = FLAGS.objective
     if FLAGS["use_next_sentence_prediction"].present:
         if FLAGS["objective"].present and FLAGS.use_next_sentence_prediction != (objective == "mlm_nsp"):

@@ -264,7 +264,15 @@ def write_model_dir_files(output_dir: str, pretrained: Pretrained, *, do_lower_c
                           task_type: str, **info) -> None:
     """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (the export reads them)."""
     tf.io.gfile.makedirs(output_dir)
-    pretrained.config.to_json_file(os.path.join(output_dir, "bert_config.json"))
+    config_path = os.path.join(output_dir, "bert_config.json")
+    if tf.io.gfile.exists(config_path) and tf.train.get_checkpoint_state(output_dir) is not None:
+        existing = BertConfig.from_json_file(config_path)
+        if existing != pretrained.config:
+            changed = [k for k, v in existing.to_dict().items() if pretrained.config.to_dict()[k] != v]
+            raise FinetuneError(
+                f"{output_dir}: holds the checkpoints of a run with a different bert_config ({', '.join(changed)}); "
+                "use a new --output_dir or pass --overwrite_output_dir")
+    pretrained.config.to_json_file(config_path)
     vocab_out = os.path.join(output_dir, "vocab.txt")
     if os.path.abspath(pretrained.vocab_file) != os.path.abspath(vocab_out):
         with tf.io.gfile.GFile(pretrained.vocab_file, "r") as f:

@@ -574,6 +574,27 @@ def checkpoint_candidates(model_dir: str) -> list:
     return [steps[k] for k in sorted(steps, reverse=True)]
 
 
+# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries,
+# side files, and the fine-tuning runners' best model (bert_tf.runners.common.BEST_DIR).
+_RUN_FILES = ("checkpoint", f"{CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, "best", "bert_config.json", "bert_tf_info.json")
+
+
+def clear_model_dir(model_dir: str) -> list:
+    """Deletes a previous run's checkpoints, summaries and side files from model_dir (what
+    --overwrite_output_dir asks for); other files stay. Returns the removed paths."""
+    removed = []
+    for pattern in _RUN_FILES:
+        for path in tf.io.gfile.glob(os.path.join(model_dir, pattern)):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+            removed.append(path)
+    if removed:
+        logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
+    return removed
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
