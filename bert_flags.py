@@ -65,6 +65,15 @@ def use_jit(strategy) -> bool:
     return strategy_name() == "tpu" or bool(tf.config.list_logical_devices("GPU"))
 
 
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
+
+
+def exit_preempted(error):
+    """After SIGTERM the Trainer saved a checkpoint (TrainingPreempted): say so and exit 143."""
+    logging.getLogger("bert_tf").warning(str(error))
+    sys.exit(EXIT_PREEMPTED)
+
+
 def fail(message: str):
     """Exits with one line naming the problem (the house rule for bad input)."""
     logging.getLogger("bert_tf").error(message)

@@ -36,6 +36,7 @@ def main(_):
     from bert_tf.finetuning import FinetuneError
     from bert_tf.runners.classifier import ClassifierRunConfig, run
     from bert_tf.tasks import TaskDataError, glue
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     if not FLAGS.task_name or not FLAGS.data_dir:
         fail("--task_name and --data_dir are required")
@@ -58,8 +59,10 @@ def main(_):
         eval_every_steps=FLAGS.eval_every_steps)
     try:
         results = run(cfg)
-    except (FinetuneError, TaskDataError, ValueError) as e:
+    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
         fail(str(e))
+    except TrainingPreempted as e:
+        bert_flags.exit_preempted(e)
     bert_flags.export_if_asked(settings)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}) *****")

@@ -36,6 +36,7 @@ def main(_):
     from bert_tf.runners.ner import NerRunConfig, run
     from bert_tf.tasks import TaskDataError
     from bert_tf.tasks.conll import CONLL2003_LABELS
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     if not FLAGS.data_dir:
         fail("--data_dir is required")
@@ -53,8 +54,10 @@ def main(_):
         feature_layers=FLAGS.feature_layers)
     try:
         results = run(cfg)
-    except (FinetuneError, TaskDataError, ValueError) as e:
+    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
         fail(str(e))
+    except TrainingPreempted as e:
+        bert_flags.exit_preempted(e)
     bert_flags.export_if_asked(settings)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}) *****")

@@ -15,7 +15,6 @@ the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
     --num_warmup_steps=10 --learning_rate=2e-5
 """
 
-import sys
 
 from absl import app, flags
 
@@ -56,9 +55,6 @@ flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --outp
 flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
-
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
-
 
 def main(_):
     bert_flags.setup_logging()
@@ -108,8 +104,7 @@ def main(_):
     except (InputDataError, PretrainingError, TrainingError) as e:
         fail(str(e))
     except TrainingPreempted as e:
-        bert_flags.logging.getLogger("bert_tf").warning(str(e))
-        sys.exit(EXIT_PREEMPTED)
+        bert_flags.exit_preempted(e)
     if results:
         print("***** Eval results *****")
         for key in sorted(results):

@@ -62,12 +62,15 @@ def main(_):
 
     from bert_tf.finetuning import FinetuneError
     from bert_tf.runners.squad import run
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     cfg = dataclasses.replace(cfg, run=bert_flags.finetune_settings())
     try:
         results = run(cfg, inputs)
-    except (FinetuneError, TaskDataError, ValueError) as e:
+    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
         fail(str(e))
+    except TrainingPreempted as e:
+        bert_flags.exit_preempted(e)
     bert_flags.export_if_asked(cfg.run)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}, SQuAD v{cfg.version}) *****")

@@ -26,6 +26,7 @@ def main(_):
     from bert_tf.finetuning import FinetuneError
     from bert_tf.runners.swag import SwagRunConfig, run
     from bert_tf.tasks import TaskDataError
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     if not FLAGS.data_dir:
         fail("--data_dir is required")
@@ -38,8 +39,10 @@ def main(_):
         warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps)
     try:
         results = run(cfg)
-    except (FinetuneError, TaskDataError, ValueError) as e:
+    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
         fail(str(e))
+    except TrainingPreempted as e:
+        bert_flags.exit_preempted(e)
     bert_flags.export_if_asked(settings)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}) *****")
