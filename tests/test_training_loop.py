@@ -192,6 +192,9 @@ MIRRORED_SCRIPT = TOY_SOURCE + textwrap.dedent(
         t.train(dataset_fn)
         out[name] = {"replicas": t.strategy.num_replicas_in_sync, "losses": t.step_losses,
                      "kernel": t.model.get_layer("out").kernel.numpy().ravel().tolist()}
+    t = make_trainer(sys.argv[1] + "/mirrored_fp16", strategy="mirrored", steps=3, mixed_precision="float16")
+    t.train(dataset_fn)
+    out["mirrored_fp16"] = {"losses": t.step_losses}
     print("RESULT" + json.dumps(out))
     """
 )
@@ -207,3 +210,5 @@ def test_mirrored_two_cpus_matches_one_device(tmp_path):
     # Same global batch (each replica gets half of the one-device batch): float32 sums in a different order only.
     np.testing.assert_allclose(out["mirrored"]["losses"], out["one_device"]["losses"], rtol=1e-5)
     np.testing.assert_allclose(out["mirrored"]["kernel"], out["one_device"]["kernel"], rtol=1e-5, atol=1e-7)
+    # float16 with loss scaling under 2 replicas (the loss-scale update runs once, cross-replica).
+    assert len(out["mirrored_fp16"]["losses"]) == 3 and np.all(np.isfinite(out["mirrored_fp16"]["losses"]))

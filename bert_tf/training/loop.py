@@ -273,7 +273,9 @@ class Trainer:
         finite = None
         if self.loss_scale is not None:
             finite = tf.math.is_finite(grad_norm)
-            ctx.merge_call(lambda _, f: self.loss_scale.update(f), args=(finite,))
+            # Every replica holds the same all-reduced `finite`; the update runs once, cross-replica.
+            ctx.merge_call(lambda strategy, f: self.loss_scale.update(strategy.experimental_local_results(f)[0]),
+                           args=(finite,))
         self.optimizer.apply_gradients(grads, apply=finite)
         return loss, terms, grad_norm
 
@@ -296,7 +298,9 @@ class Trainer:
             for i in tf.range(num_steps):
                 loss, terms, norm = strategy.run(self._replica_step, args=(next(iterator),))
                 loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
-                terms = strategy.reduce(tf.distribute.ReduceOp.SUM, terms, axis=None)
+                # One reduce per tensor: MultiWorkerMirroredStrategy's reduce rejects a nested structure.
+                terms = tf.nest.map_structure(
+                    lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), terms)
                 sums = tf.nest.map_structure(tf.add, sums, terms)
                 norm_sum += strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
                 losses = losses.write(i, loss)
