@@ -45,10 +45,17 @@ def strategy_name() -> str:
     return "tpu" if FLAGS.use_tpu else FLAGS.distribution_strategy
 
 
+# Set once a multi-worker strategy runs: its gRPC server keeps the interpreter from ever finishing
+# its shutdown, so after a failure (e.g. a dead peer) the process must end with os._exit.
+_HARD_EXIT = False
+
+
 def make_strategy():
     """The tf.distribute strategy the flags ask for; a one-line exit when it cannot be built."""
     from bert_tf.training.strategy import StrategyError, get_strategy
 
+    global _HARD_EXIT
+    _HARD_EXIT = strategy_name() == "multi_worker"
     try:
         return get_strategy(strategy_name(), tpu=FLAGS.tpu_name or FLAGS.master, tpu_zone=FLAGS.tpu_zone,
                             gcp_project=FLAGS.gcp_project)
@@ -71,13 +78,24 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
 def exit_preempted(error):
     """After SIGTERM the Trainer saved a checkpoint (TrainingPreempted): say so and exit 143."""
     logging.getLogger("bert_tf").warning(str(error))
-    sys.exit(EXIT_PREEMPTED)
+    _exit(EXIT_PREEMPTED)
+
+
+def _exit(code):
+    if _HARD_EXIT:
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(1 if isinstance(code, str) else code)
+    sys.exit(code)
 
 
 def fail(message: str):
     """Exits with one line naming the problem (the house rule for bad input)."""
     logging.getLogger("bert_tf").error(message)
-    sys.exit(f"error: {message}")
+    _exit(f"error: {message}")
 
 
 def setup_logging():

@@ -56,6 +56,9 @@ INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
 TRAIN_DIR, EVAL_DIR = "train", "eval"
 CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: model_dir/ckpt-<step>
+# What a collective op raises when a peer is gone (connection reset, health check, timeout).
+PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                 tf.errors.AbortedError)
 
 
 class TrainingError(RuntimeError):
@@ -68,6 +71,10 @@ class NonFiniteLossError(TrainingError):
 
 class CheckpointWriteError(TrainingError):
     """A checkpoint could not be written (e.g. disk full); its partial files were removed."""
+
+
+class WorkerLostError(TrainingError):
+    """A peer of a multi-worker run died or became unreachable; restart every worker to resume."""
 
 
 class CheckpointRestoreError(TrainingError):
@@ -504,6 +511,16 @@ class Trainer:
                 if self._preempted:
                     path = self._save(manager) if last_saved != step else manager.latest_checkpoint
                     raise TrainingPreempted(step, path)
+        except PEER_FAILURES as e:
+            if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+                raise
+            # A killed peer resets its connections (seen at once); one that vanishes is found by the
+            # strategy's health check (a few tens of seconds) and the pending collective is aborted.
+            raise WorkerLostError(
+                f"a worker of the multi-worker cluster is gone at step {step} ({type(e).__name__}: "
+                f"{_peer_detail(e)}); restart every worker with the same command to resume "
+                f"from {tf.train.latest_checkpoint(c.model_dir) or 'the start'}"
+            ) from None
         finally:
             self._restore_sigterm(previous_handler)
         return result
@@ -597,6 +614,15 @@ def clear_model_dir(model_dir: str) -> list:
     if removed:
         logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
     return removed
+
+
+def _peer_detail(error: BaseException) -> str:
+    """The line of a collective's error that says what happened (its first line is "Graph execution error:")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "aborted by" in line or "unavailable" in line.lower() or "deadline" in line.lower():
+            return line[:200]
+    return lines[0][:200] if lines else type(error).__name__
 
 
 def _first_line(error: BaseException) -> str:
