@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -503,3 +504,60 @@ def test_finetuning_output_dir_of_another_model_is_refused(tmp_path):
         write_model_dir_files(str(out), Pretrained(bigger, str(vocab), None, None, None), do_lower_case=True,
                               max_seq_length=32, task_type="classification")
     assert BertConfig.from_json_file(str(out / "bert_config.json")) == small
+
+
+# ------------------------------------------------------------------ 10. a worker of a 2-worker run dies
+def _free_ports(n):
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_dead_worker_is_reported_and_a_restart_of_both_resumes(data, tmp_path):
+    out = tmp_path / "out"
+    workers = [f"localhost:{p}" for p in _free_ports(2)]
+
+    def start(index, steps):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", TF_CONFIG=json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
+        flags = dict(bert_config_file=data / "bert_config.json", input_file=data / "train.tfrecord", output_dir=out,
+                     max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True, train_batch_size=8,
+                     num_train_steps=steps, num_warmup_steps=0, learning_rate=1e-3, iterations_per_loop=2,
+                     save_checkpoints_steps=4, distribution_strategy="multi_worker")
+        cmd = [sys.executable, str(REPO / "run_pretraining.py")] + [f"--{k}={v}" for k, v in flags.items()]
+        return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env)
+
+    chief, other = start(0, 100_000), start(1, 100_000)
+    try:
+        deadline = time.time() + 300
+        while not tf.train.latest_checkpoint(str(out)):
+            assert chief.poll() is None and other.poll() is None, (chief.stderr.read() or "")[-2000:]
+            assert time.time() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+        other.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        # The survivor does not hang: the next collective fails at once (the peer's connection resets).
+        _, stderr = chief.communicate(timeout=120)
+    finally:
+        for proc in (chief, other):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert chief.returncode == 1 and time.time() - killed_at < 120
+    last = stderr.strip().splitlines()[-1]
+    latest = tf.train.latest_checkpoint(str(out))
+    assert re.fullmatch(r"error: a worker of the multi-worker cluster is gone at step \d+ \(\w+Error: .*\); "
+                        rf"restart every worker with the same command to resume from {re.escape(latest)}", last), last
+    # The same command on both workers resumes from that checkpoint (no input position under MWMS: the data restarts).
+    step = int(latest.rsplit("-", 1)[1])
+    chief, other = start(0, step + 4), start(1, step + 4)
+    results = [proc.communicate(timeout=300) for proc in (chief, other)]
+    assert chief.returncode == 0 and other.returncode == 0, results[0][1][-2000:] + results[1][1][-2000:]
+    assert f"resumed from {latest} at step {step}" in results[0][1]
+    assert tf.train.latest_checkpoint(str(out)) == f"{out}/ckpt-{step + 4}"
