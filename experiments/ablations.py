@@ -150,7 +150,8 @@ def pretrain(out, objective, data, sizes, seed, strategy):
         num_train_steps=steps, num_warmup_steps=max(1, steps // 15), save_checkpoints_steps=every,
         iterations_per_loop=every, keep_checkpoint_max=100, max_eval_steps=20, vocab_file=data["vocab_file"],
         do_lower_case=True, objective=objective, seed=seed), strategy)
-    checkpoints = sorted({*range(every, steps + 1, every), steps})
+    # Evenly spaced, the last one the end of training (2000 / 3: 666, 1332, 2000, not also 1998).
+    checkpoints = sorted({*(every * (i + 1) for i in range(sizes["num_checkpoints"] - 1)), steps})
     return model_dir, config, checkpoints, results
 
 
@@ -186,10 +187,8 @@ def finetune(task, out_dir, pretrained, data, sizes, seed, strategy):
     return results["dev"]
 
 
-def write_outputs(out, rows, pretraining_results, info):
-    """results.csv (all runs), results.md (final checkpoints) and the Figure-5 plot."""
-    from bert_tf.configs import write_text_atomic
-
+def write_csv(out, rows):
+    """results.csv: one row per (objective, pretraining step, task, metric); rewritten after every run."""
     fields = ["objective", "pretrain_step", "task", "metric", "value"]
     csv_tmp = os.path.join(out, f".results.csv.tmp-{os.getpid()}")
     with open(csv_tmp, "w", newline="", encoding="utf-8") as f:
@@ -197,6 +196,13 @@ def write_outputs(out, rows, pretraining_results, info):
         writer.writeheader()
         writer.writerows(rows)
     os.replace(csv_tmp, os.path.join(out, "results.csv"))
+
+
+def write_outputs(out, rows, pretraining_results, info):
+    """results.csv (all runs), results.md (final checkpoints) and the Figure-5 plot."""
+    from bert_tf.configs import write_text_atomic
+
+    write_csv(out, rows)
 
     def value(objective, step, task, metric):
         for r in rows:
@@ -301,6 +307,7 @@ def main(_):
         for metric, v in results.items():
             if metric == TASK_METRICS[task] or metric.startswith("exact_match") or metric == "f1":
                 rows.append(dict(objective=objective, pretrain_step=step, task=task, metric=metric, value=float(v)))
+        write_csv(out, rows)  # partial results survive an interrupted run
         logger.info("%-8s step %5d %-10s %s (%.0fs elapsed)", objective, step, task,
                     f"{TASK_METRICS[task]} {results[TASK_METRICS[task]]:.4f}", time.time() - started)
 
