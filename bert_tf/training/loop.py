@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import signal
 import time
 from typing import Callable, Dict, Optional
@@ -393,10 +394,15 @@ class Trainer:
         return self._summary_writers[kind]
 
     def _write_summaries(self, kind, step, values):
-        with self._writer(kind).as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(name, value)
-        self._writer(kind).flush()
+        try:
+            with self._writer(kind).as_default(step=step):
+                for name, value in values.items():
+                    tf.summary.scalar(name, value)
+            self._writer(kind).flush()
+        except (tf.errors.OpError, OSError) as e:
+            # Summaries are best effort: on a full disk the run stops at the next checkpoint write
+            # (CheckpointWriteError, earlier checkpoints intact), not with a traceback here.
+            logger.warning("cannot write %s summaries at step %d (%s)", kind, step, _first_line(e))
 
     # ------------------------------------------------------------------ public API
     def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1):
@@ -626,8 +632,11 @@ def _peer_detail(error: BaseException) -> str:
 
 
 def _first_line(error: BaseException) -> str:
+    """The first line of an error without TensorFlow's op wrapping ({{function_node ...}}, [Op:SaveV2])."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    line = text.splitlines()[0] if text else ""
+    line = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line))
+    return line or type(error).__name__
 
 
 def _format_eta(seconds: float) -> str:
