@@ -351,6 +351,42 @@ def test_disk_full_during_a_checkpoint_write(toy_reference, tmp_path):
     np.testing.assert_allclose(again.step_losses, ref.step_losses[6:], rtol=1e-6)
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KB tmpfs under tmp_path (needs root: skipped elsewhere); the test fills it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_real_disk_full_during_training(toy_reference, full_disk):
+    ref_dir, _ = toy_reference
+    model_dir = str(full_disk / "run")
+    shutil.copytree(ref_dir, model_dir, ignore=shutil.ignore_patterns("ckpt-9.*", "ckpt-12.*", "checkpoint"))
+    with open(os.path.join(model_dir, "checkpoint"), "w") as f:
+        f.write('model_checkpoint_path: "ckpt-6"\nall_model_checkpoint_paths: "ckpt-3"\n'
+                'all_model_checkpoint_paths: "ckpt-6"\n')
+    good = _digest(model_dir, 6)
+    with open(full_disk / "filler", "wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+        while True:
+            f.write(b"\0" * 4096)
+    trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
+    # The summary writer fails first (logged, training goes on); the checkpoint write stops the run.
+    with pytest.raises(loop.CheckpointWriteError) as info:
+        trainer.train(TOY["dataset_fn"])
+    d = re.escape(model_dir)
+    assert re.fullmatch(rf"{d}: cannot write checkpoint ckpt-9 \({d}/ckpt-9_temp/\S+; No space left on device\); "
+                        rf"earlier checkpoints are intact \(latest: {d}/ckpt-6\)", str(info.value)), str(info.value)
+    assert not glob.glob(os.path.join(model_dir, "ckpt-9*"))
+    assert _digest(model_dir, 6) == good and _ckpt_steps(model_dir) == [3, 6]
+
+
 def test_disk_full_while_writing_tfrecords(data, tmp_path):
     out = tmp_path / "train.tfrecord"
     out.write_bytes(b"an earlier, complete output")
