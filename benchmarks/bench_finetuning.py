@@ -1,0 +1,597 @@
+"""Fine-tuning throughput on a GLUE-like length mix: bert_tf with and without length bucketing vs tf-models-official.
+
+Training examples/s of full fine-tuning steps (forward, backward, global-norm
+clipping, AdamW update) of a sentence(-pair) classifier, side by side in one run:
+
+  ours-bucket   bert_tf's run_classifier path (RunSettings -> make_trainer -> Trainer,
+                classification_loss, arrays_dataset_fn) with dynamic padding and
+                length bucketing (the CPU/GPU default of run_classifier.py)
+  ours-dynamic  dynamic padding (each batch cut to its longest example), no bucketing
+  ours-fixed    every batch padded to max_seq_length (--dynamic_padding=false, as on TPU)
+  tfm-fixed     tf-models-official 2.20: SentencePredictionTask.build_model() (BertClassifier
+                over networks.BertEncoder, tf_keras), the optimizer of its
+                'bert/sentence_prediction' experiment (AdamWeightDecay, weight decay 0.01,
+                clip norm 1.0, polynomial decay + warmup) and its Task.train_step in a
+                tf.range loop, as its orbit trainer runs it; fixed padding (its data
+                loader's fixed seq_length)
+
+A variant name is <impl>-<padding>-<precision>[-xla][-interop0]: precision fp32 or bf16
+(Keras mixed_bfloat16 / tf_keras mixed_bfloat16), -xla compiles the step with XLA,
+-interop0 keeps TensorFlow's default inter-op thread pool instead of --inter_op_threads.
+
+The length mix: every labeled and test row of the real GLUE samples in
+../shared/fixtures/glue (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE), tokenized with
+the real uncased vocab and truncated to max_seq_length as run_classifier.py does, then
+resampled to --examples examples (a task uniformly, then one of its rows). Without
+../shared: a log-normal length distribution (median SYNTHETIC_MEDIAN tokens, sigma
+SYNTHETIC_SIGMA, clipped to [3, max_seq_length]) with random ids. Random weights, random
+binary labels.
+
+Every variant runs in its own subprocess (fresh TensorFlow, dtype policy and thread
+pools). The workers start one after another (import, build, trace, --warmup_steps untimed
+steps) and then wait; in each of --rounds rounds every worker in turn (order rotated per
+round) trains one round of steps while the others sleep, so slow drifts of the machine's
+load hit all variants alike. A round is --steps steps at fixed padding and proportionally
+more for variants whose batches are shorter (about the same tokens per round, so a
+bucketed run samples its whole length mix). One host call per step (our Trainer with
+iterations_per_loop=1; at seconds per step the call overhead is noise). Each step records
+its wall time and the CPU time of its worker; the table gives medians over rounds of
+examples/s and examples per CPU-second (the steadier number on a shared machine), the
+1-minute load average during the runs and the share of the CPUs the worker got, and a
+least-squares fit of CPU seconds per step = fixed + per-token cost over our steps.
+
+  python benchmarks/bench_finetuning.py                          # default set, BERT-small
+  python benchmarks/bench_finetuning.py --size=base --batch=16 --rounds=1 --steps=2
+  python benchmarks/bench_finetuning.py --variants=all --rounds=1  # precision, XLA, thread pools too
+
+Each worker holds ~2-3 GB at BERT-small; at most --max_workers are alive at once (larger
+variant sets run in groups, interleaved within a group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(REPO), "shared")
+GLUE_DIR = os.path.join(SHARED, "fixtures", "glue")
+VOCAB_FILE = os.path.join(SHARED, "fixtures", "vocab", "bert-base-uncased-vocab.txt")
+GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE")
+# Fallback length distribution without ../shared: log-normal, median near a sentence-pair
+# GLUE mix (the real samples above pool to a median of ~30 tokens; SST-2 alone is ~11).
+SYNTHETIC_MEDIAN = 30
+SYNTHETIC_SIGMA = 0.6
+VOCAB_SIZE = 30522
+MIX_SAMPLE_BATCHES = 256  # batches of a pipeline read to find a padding mode's mean padded length
+NUM_LABELS = 2
+LEARNING_RATE = 2e-5
+WARMUP_PROPORTION = 0.1
+
+# float32 by default: at BERT-small on this 2-core CPU bfloat16 was slower for both implementations.
+DEFAULT_VARIANTS = ("ours-bucket-fp32", "ours-dynamic-fp32", "ours-fixed-fp32", "tfm-fixed-fp32")
+ALL_VARIANTS = DEFAULT_VARIANTS + (
+    "ours-bucket-bf16", "ours-fixed-bf16", "tfm-fixed-bf16", "tfm-fixed-fp32-xla",
+    "ours-bucket-fp32-interop0", "tfm-fixed-fp32-interop0")
+
+
+# ---------------------------------------------------------------------------- data
+def glue_features(max_seq_length):
+    """{task: (input_ids, segment_ids) lists} of every row of the GLUE samples, as run_classifier featurizes them."""
+    from bert_tf.tasks import glue
+    from bert_tf.tokenization import FastTokenizer
+
+    tokenizer = FastTokenizer(VOCAB_FILE, do_lower_case=True)
+    out = {}
+    for name in GLUE_TASKS:
+        spec = glue.get_task(name.lower())
+        examples = []
+        for split in spec.splits:
+            if os.path.exists(os.path.join(GLUE_DIR, name, split.filename)):
+                examples += spec.read_examples(os.path.join(GLUE_DIR, name), split.name)
+        # Labels do not matter here (the benchmark draws its own); lengths and ids do.
+        stripped = [glue.InputExample(e.guid, e.text_a, e.text_b) for e in examples]
+        features = glue.convert_examples_to_features(stripped, ("0",), max_seq_length, tokenizer)
+        out[name] = [(f.input_ids, f.segment_ids) for f in features]
+    return out
+
+
+def build_arrays(num_examples, max_seq_length, seed=0):
+    """Feature arrays in the original's names, [N, S] zero-padded, plus a description of the mix."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((num_examples, max_seq_length), np.int32)
+    segments = np.zeros_like(ids)
+    if os.path.isdir(GLUE_DIR) and os.path.exists(VOCAB_FILE):
+        pools = glue_features(max_seq_length)
+        names = sorted(pools)
+        tasks = rng.integers(0, len(names), size=num_examples)
+        for i, t in enumerate(tasks):
+            pool = pools[names[t]]
+            input_ids, segment_ids = pool[rng.integers(0, len(pool))]
+            ids[i, :len(input_ids)] = input_ids
+            segments[i, :len(segment_ids)] = segment_ids
+        source = (f"real GLUE samples ({sum(len(p) for p in pools.values())} rows of {', '.join(names)}), "
+                  f"resampled task-uniformly")
+    else:
+        lengths = np.clip(np.round(rng.lognormal(np.log(SYNTHETIC_MEDIAN), SYNTHETIC_SIGMA, num_examples)),
+                          3, max_seq_length).astype(int)
+        for i, n in enumerate(lengths):
+            ids[i, :n] = rng.integers(1000, VOCAB_SIZE, size=n)
+            ids[i, 0], ids[i, n - 1] = 101, 102  # [CLS] ... [SEP]
+        source = f"synthetic log-normal lengths (median {SYNTHETIC_MEDIAN}, sigma {SYNTHETIC_SIGMA}; no ../shared)"
+    mask = (ids != 0).astype(np.int32)
+    lengths = mask.sum(1)
+    arrays = dict(input_ids=ids, input_mask=mask, segment_ids=segments,
+                  label_ids=rng.integers(0, NUM_LABELS, size=num_examples).astype(np.int32),
+                  is_real_example=np.ones(num_examples, np.int32))
+    info = dict(source=source, examples=num_examples, mean_length=float(lengths.mean()),
+                median_length=float(np.median(lengths)), p90_length=float(np.percentile(lengths, 90)),
+                max_length=int(lengths.max()))
+    return arrays, info
+
+
+def load_arrays(path):
+    import numpy as np
+
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+# ---------------------------------------------------------------------------- workers
+# A worker builds its variant, runs --warmup_steps untimed steps, prints READY and then
+# serves "run N" lines from stdin: N timed steps, one host call each (at seconds per
+# step on a CPU the per-call overhead is noise), answered with one RESULT line holding a
+# record per step: padded tokens (batch x padded length), real tokens, wall seconds of the
+# step's host call and CPU seconds of the worker process (all its threads) for it.
+
+
+def serve(run_steps, warmup_steps, steps_per_round, info):
+    """The worker's side of the protocol; run_steps(n) -> dict(steps=[...], losses=[...], load=[...])."""
+    run_steps(warmup_steps)
+    print("READY" + json.dumps(dict(info, steps_per_round=steps_per_round)), flush=True)
+    for line in sys.stdin:
+        command = line.split()
+        if command[:1] == ["run"]:
+            print("RESULT" + json.dumps(run_steps(steps_per_round)), flush=True)
+        elif command[:1] == ["quit"]:
+            return
+
+
+def steps_per_round(args, mean_padded_length):
+    """--steps at max_seq_length; proportionally more for shorter batches (about the same tokens per
+    round), so a bucketed run samples many batches of its length mix, not two or three."""
+    return max(args.steps, math.ceil(args.steps * args.max_seq_length / mean_padded_length))
+
+
+def run_ours(args, padding, precision, xla):
+    """Our run_classifier training path: RunSettings -> make_trainer -> Trainer.train(arrays_dataset_fn)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from bert_tf.configs import BertConfig
+    from bert_tf.finetuning import Pretrained, arrays_dataset_fn
+    from bert_tf.models import BertClassifier, BertEncoder
+    from bert_tf.runners.classifier import classification_loss
+    from bert_tf.runners.common import RunSettings, make_trainer
+    from bert_tf.training.loop import count_parameters
+    from bert_tf.training.strategy import get_strategy
+
+    config = BertConfig.named(args.size, vocab_size=VOCAB_SIZE)
+    arrays = load_arrays(args.data)
+    dynamic = padding != "fixed"
+    settings = RunSettings(
+        pretrained=Pretrained(config=config, vocab_file=VOCAB_FILE, init_checkpoint=None, fmt=None,
+                              do_lower_case=True),
+        strategy=get_strategy("one_device"), learning_rate=LEARNING_RATE, mixed_precision=precision,
+        jit_compile=xla, iterations_per_loop=1, save_checkpoints_steps=10**9, dynamic_padding=dynamic)
+    dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.seed, dynamic_padding=dynamic,
+                                   bucket_by_length=padding == "bucket")
+    sample = _batch_tokens(dataset_fn(tf.distribute.InputContext(), args.batch), MIX_SAMPLE_BATCHES)
+    mix_padded = sum(p for p, _ in sample) / len(sample) / args.batch
+    per_round = steps_per_round(args, mix_padded)
+    total = args.warmup_steps + args.rounds * per_round
+    clock = _Clock()
+    training_logger = logging.getLogger("bert_tf.training")
+    training_logger.addHandler(_StepLogHandler(clock))
+    training_logger.setLevel(logging.INFO)
+    output_dir = tempfile.mkdtemp(prefix="bench_finetuning_")
+    trainer = make_trainer(settings, output_dir, lambda: BertClassifier(BertEncoder(config), NUM_LABELS),
+                           classification_loss, num_train_steps=total, global_batch_size=args.batch,
+                           warmup_proportion=WARMUP_PROPORTION)
+    # The batches the run will see, in order: a pipeline with the same seeds (make_trainer has
+    # set the global one) yields the same batches.
+    tokens = _batch_tokens(dataset_fn(tf.distribute.InputContext(), args.batch), total)
+
+    def run_steps(n):
+        # Trainer.train(train_steps=step + n), as run_classifier's evaluation every N steps calls it:
+        # it resumes from the checkpoint the previous call saved (model, optimizer, input position)
+        # and saves one after its last step (after the last step's log line, so not in any record).
+        start = int(trainer.global_step.numpy())
+        trainer.config = dataclasses.replace(trainer.config, train_steps=start + n)
+        clock.marks = []
+        clock.mark()
+        trainer.train(dataset_fn)
+        cpus = clock.deltas()[-n:]  # marks: here, "resumed from ..." (not on the first call), one per step
+        walls = [r["seconds"] for r in trainer.loop_history[-n:]]
+        steps = [dict(padded=p, real=r, seconds=w, cpu_seconds=c)
+                 for (p, r), w, c in zip(tokens[start:start + n], walls, cpus, strict=True)]
+        return dict(steps=steps, losses=trainer.step_losses[-n:], load=clock.loads())
+
+    try:
+        serve(run_steps, args.warmup_steps, per_round,
+              dict(params=count_parameters(trainer.model), mix_padded_length=mix_padded))
+    finally:
+        tf.io.gfile.rmtree(output_dir)
+
+
+def _batch_tokens(dataset, steps):
+    """(padded tokens, real tokens) of each of the first `steps` batches."""
+    return [(int(b["input_mask"].shape[0] * b["input_mask"].shape[1]), int(b["input_mask"].numpy().sum()))
+            for b in dataset.take(steps)]
+
+
+class _Clock:
+    """Wall time, this process's CPU time and the 1-minute load average at each mark."""
+
+    def __init__(self):
+        self.marks = []
+
+    def mark(self):
+        self.marks.append((time.time(), time.process_time(), os.getloadavg()[0]))
+
+    def deltas(self):
+        """CPU seconds between consecutive marks."""
+        return [b[1] - a[1] for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+
+    def loads(self):
+        return [m[2] for m in self.marks]
+
+
+class _StepLogHandler(logging.Handler):
+    """Marks the clock at the Trainer's log lines: after the restore, and after each host call."""
+
+    def __init__(self, clock):
+        super().__init__(logging.INFO)
+        self.clock = clock
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("step ") or message.startswith("resumed from "):
+            self.clock.mark()
+
+
+def run_tfm(args, padding, precision, xla):
+    """tf-models-official's classifier fine-tuning step, as its 'bert/sentence_prediction' experiment runs it."""
+    import tensorflow as tf
+    import tf_keras
+
+    _pkg_resources_shim()
+    from official.core import exp_factory
+    from official.nlp.configs import (
+        encoders,
+        finetuning_experiments,  # noqa: F401 (registers the experiment)
+    )
+    from official.nlp.tasks import sentence_prediction
+
+    if padding != "fixed":
+        raise ValueError("tf-models-official's sentence prediction loader has a fixed seq_length")
+    if precision == "bfloat16":
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # what its trainer's runtime config sets
+    tf_keras.utils.set_random_seed(0)
+    layers, hidden = SIZES[args.size]
+    experiment = exp_factory.get_exp_config("bert/sentence_prediction")
+    total = args.warmup_steps + args.rounds * args.steps
+    experiment.override({
+        "task": {"model": {"num_classes": NUM_LABELS, "encoder": {"type": "bert", "bert": dict(
+            vocab_size=VOCAB_SIZE, hidden_size=hidden, num_layers=layers, num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden, max_position_embeddings=512, type_vocab_size=2)}}},
+        "trainer": {"optimizer_config": {
+            "learning_rate": {"polynomial": {"initial_learning_rate": LEARNING_RATE, "decay_steps": total}},
+            "warmup": {"polynomial": {"warmup_steps": int(total * WARMUP_PROPORTION)}}}},
+    }, is_strict=False)
+    assert isinstance(experiment.task.model.encoder.get(), encoders.BertEncoderConfig)
+    task = sentence_prediction.SentencePredictionTask(experiment.task)
+    model = task.build_model()
+    optimizer = task.create_optimizer(experiment.trainer.optimizer_config, experiment.runtime)
+    metrics = task.build_metrics(training=True)
+
+    arrays = load_arrays(args.data)
+    features = dict(input_word_ids=arrays["input_ids"], input_mask=arrays["input_mask"],
+                    input_type_ids=arrays["segment_ids"], label_ids=arrays["label_ids"])
+    n = len(arrays["input_ids"])
+    dataset = (tf.data.Dataset.from_tensor_slices(features).shuffle(n, seed=12345).repeat()
+               .batch(args.batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    tokens = _batch_tokens(dataset, total)  # a second iterator of the same seeded dataset: the same batches
+    iterator = iter(dataset)
+
+    @tf.function(jit_compile=xla)
+    def step(batch):
+        return task.train_step(batch, model, optimizer, metrics)["loss"]
+
+    @tf.function
+    def train_loop(iterator, num_steps):  # orbit's loop: tf.range over the train step
+        losses = tf.TensorArray(tf.float32, size=num_steps)
+        for i in tf.range(num_steps):
+            losses = losses.write(i, tf.cast(step(next(iterator)), tf.float32))
+        return losses.stack()
+
+    one = tf.constant(1)
+    done = [0]
+
+    def run_steps(count):
+        clock = _Clock()
+        clock.mark()
+        walls, losses = [], []
+        for _ in range(count):
+            start = time.time()
+            losses.append(float(train_loop(iterator, one).numpy()[0]))
+            walls.append(time.time() - start)
+            clock.mark()
+        steps = [dict(padded=p, real=r, seconds=w, cpu_seconds=c)
+                 for (p, r), w, c in zip(tokens[done[0]:done[0] + count], walls, clock.deltas(), strict=True)]
+        done[0] += count
+        return dict(steps=steps, losses=losses, load=clock.loads())
+
+    serve(run_steps, args.warmup_steps, args.steps,
+          dict(params=int(sum(tf.size(v) for v in model.trainable_variables)),
+               mix_padded_length=float(args.max_seq_length)))
+
+
+def _pkg_resources_shim():
+    """tensorflow_hub (imported by tf-models-official's task modules) wants pkg_resources.parse_version,
+    which setuptools >= 81 no longer ships; give it packaging's parser when it is missing."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("pkg_resources") is None:
+        from packaging.version import parse
+
+        sys.modules["pkg_resources"] = types.SimpleNamespace(parse_version=parse)
+
+
+SIZES = {"tiny": (2, 128), "small": (4, 512), "base": (12, 768)}  # layers, hidden (BertConfig.named; tiny: smoke tests)
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def worker(args):
+    import tensorflow as tf
+
+    parts = args.worker.split("-")
+    impl, padding, precision, extra = parts[0], parts[1], PRECISIONS[parts[2]], set(parts[3:])
+    if "interop0" not in extra:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    fn = run_ours if impl == "ours" else run_tfm
+    fn(args, padding, precision, "xla" in extra)
+
+
+# ---------------------------------------------------------------------------- driver
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="small", help="BertConfig.named size")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--max_seq_length", type=int, default=128)
+    parser.add_argument("--examples", type=int, default=4096, help="examples in the resampled length mix")
+    parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first (tracing, first shapes)")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="timed steps per round at fixed padding (shorter batches: proportionally more)")
+    parser.add_argument("--rounds", type=int, default=3, help="each variant runs once per round, order rotated")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma-separated variant names, or 'all' (see the module docstring)")
+    parser.add_argument("--inter_op_threads", type=int, default=1,
+                        help="TensorFlow inter-op threads (1 ran ~1.5x faster on a 2-core CPU; DESIGN.md)")
+    parser.add_argument("--max_workers", type=int, default=4,
+                        help="workers alive at once (each holds ~2-3 GB at BERT-small); more variants run in "
+                             "groups of this many, interleaved within a group only")
+    parser.add_argument("--json_out", default=None, help="also write every run's per-step records here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    variants = list(ALL_VARIANTS if args.variants == "all" else args.variants.split(","))
+    for name in variants:
+        parts = name.split("-")
+        if (len(parts) < 3 or parts[0] not in ("ours", "tfm") or parts[1] not in ("bucket", "dynamic", "fixed")
+                or parts[2] not in PRECISIONS or not set(parts[3:]) <= {"xla", "interop0"}
+                or (parts[0] == "tfm" and parts[1] != "fixed")):
+            parser.error(f"--variants: bad variant name {name!r} (expected e.g. ours-bucket-bf16, tfm-fixed-fp32-xla)")
+    if min(args.steps, args.warmup_steps, args.rounds, args.max_workers) < 1:
+        parser.error("--steps, --warmup_steps, --rounds and --max_workers must be >= 1")
+
+    started = time.time()
+    sys.path.insert(0, REPO)
+    import numpy as np
+
+    arrays, info = build_arrays(args.examples, args.max_seq_length)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
+    results = {name: [] for name in variants}
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "mix.npz")
+        np.savez(data, **arrays)
+        base = [sys.executable, os.path.abspath(__file__), f"--data={data}"] + [
+            f"--{k}={getattr(args, k)}" for k in ("size", "batch", "max_seq_length", "warmup_steps", "steps",
+                                                  "rounds", "inter_op_threads")]
+        groups = [variants[i:i + args.max_workers] for i in range(0, len(variants), args.max_workers)]
+        for group in groups:
+            run_group(group, base, env, tmp, args, results, started)
+    load_end = os.getloadavg()
+    if args.json_out:
+        with open(args.json_out + ".tmp", "w") as f:
+            json.dump(dict(args=vars(args), mix=info, results=results), f, indent=1)
+        os.replace(args.json_out + ".tmp", args.json_out)
+    report(args, info, results, load_start, load_end, time.time() - started)
+
+
+def run_group(group, base, env, tmp, args, results, started):
+    """Starts one worker per variant of `group`, runs the interleaved rounds, closes the workers."""
+    workers, ready = {}, {}
+    try:
+        # Start-up, model building, tracing and warm-up one worker at a time, so no worker's
+        # warm-up overlaps another's timed steps; the workers then wait for commands.
+        for name in group:
+            workers[name] = Worker(name, base + [f"--worker={name}"], env, tmp)
+            ready[name] = workers[name].ready()
+            if ready[name] is None:
+                workers.pop(name).fail()
+            else:
+                print(f"{name}: ready after {time.time() - started:.0f}s, {ready[name]['steps_per_round']} "
+                      f"steps per round (mix: {ready[name]['mix_padded_length']:.1f} padded tokens per example)",
+                      file=sys.stderr, flush=True)
+        for r in range(args.rounds):
+            names = [n for n in group if n in workers]
+            for name in names[r % len(names):] + names[:r % len(names)] if names else []:
+                raw = workers[name].run()
+                if raw is None:
+                    workers.pop(name).fail()
+                    continue
+                result = summarize(raw, args.batch)
+                result["mix_padded_length"] = ready[name]["mix_padded_length"]
+                results[name].append(result)
+                print(f"round {r + 1} {name:26s} {result['examples_per_s']:6.2f} examples/s "
+                      f"{result['examples_per_cpu_s']:6.2f} per CPU-s, padded length "
+                      f"{result['padded_length']:.0f}, load {min(result['load']):.1f}-{max(result['load']):.1f}, "
+                      f"CPU share {100 * result['cpu_share']:.0f}%", file=sys.stderr, flush=True)
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
+class Worker:
+    """One variant's subprocess (fresh TensorFlow state), driven through its stdin/stdout."""
+
+    def __init__(self, name, command, env, tmp):
+        self.name = name
+        self.stderr_path = os.path.join(tmp, f"{name}.stderr")
+        self.stderr = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, env=env)
+
+    def _read(self, prefix):
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+        return None
+
+    def ready(self):
+        return self._read("READY")
+
+    def run(self):
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return None
+        return self._read("RESULT")
+
+    def fail(self):
+        self.close()
+        with open(self.stderr_path) as f:
+            print(f"{self.name}: failed\n{f.read()[-3000:]}", file=sys.stderr)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
+def summarize(raw, batch):
+    """Throughput of one run from its per-step records."""
+    steps = raw["steps"]
+    wall = sum(s["seconds"] for s in steps)
+    cpu = sum(s["cpu_seconds"] for s in steps)
+    examples = batch * len(steps)
+    return dict(raw, examples_per_s=examples / wall, examples_per_cpu_s=examples / cpu,
+                cpu_share=cpu / wall / (os.cpu_count() or 1),
+                padded_length=sum(s["padded"] for s in steps) / examples,
+                real_length=sum(s["real"] for s in steps) / examples,
+                loss=sum(raw["losses"]) / len(raw["losses"]))
+
+
+def fit_step_cost(steps):
+    """Least squares cpu_seconds = fixed + per_token * padded tokens over step records; None if degenerate."""
+    import numpy as np
+
+    x = np.array([s["padded"] for s in steps], float)
+    y = np.array([s["cpu_seconds"] for s in steps], float)
+    if len(steps) < 3 or np.ptp(x) == 0:
+        return None
+    per_token, fixed = np.polyfit(x, y, 1)
+    return fixed, per_token
+
+
+def report(args, info, results, load_start, load_end, took):
+    layers, hidden = SIZES[args.size]
+    ok = {k: v for k, v in results.items() if v}
+    print(f"\nBERT-{args.size} (L{layers}/H{hidden}), batch {args.batch}, max_seq_length {args.max_seq_length}, "
+          f"{args.steps} timed steps per run after {args.warmup_steps} warm-up steps, {args.rounds} round(s) "
+          f"in rotated order, inter-op threads {args.inter_op_threads} unless -interop0")
+    print(f"length mix: {info['source']}; {info['examples']} examples, tokens per example mean "
+          f"{info['mean_length']:.1f}, median {info['median_length']:.0f}, p90 {info['p90_length']:.0f}, "
+          f"max {info['max_length']}")
+
+    def med(name, key):
+        return statistics.median(r[key] for r in ok[name])
+
+    def ratio(name, key):
+        peer = f"tfm-fixed-{name.split('-')[2]}"
+        return f"{med(name, key) / med(peer, key):.2f}x" if peer in ok else "-"
+
+    print("\n| variant | examples/s | vs tfm-fixed | examples/CPU-s | vs tfm-fixed | runs (examples/s) | "
+          "tokens per example: padded (mix) / real | load avg | CPU share | loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in ok:
+        runs = ", ".join(f"{r['examples_per_s']:.2f}" for r in ok[name])
+        loads = [x for r in ok[name] for x in r["load"]]
+        print(f"| {name} | {med(name, 'examples_per_s'):.2f} | {ratio(name, 'examples_per_s')} | "
+              f"{med(name, 'examples_per_cpu_s'):.2f} | {ratio(name, 'examples_per_cpu_s')} | {runs} | "
+              f"{med(name, 'padded_length'):.1f} ({med(name, 'mix_padded_length'):.1f}) / "
+              f"{med(name, 'real_length'):.1f} | {min(loads):.1f}-{max(loads):.1f} | "
+              f"{100 * med(name, 'cpu_share'):.0f}% | {med(name, 'loss'):.3f} |")
+    failed = [k for k, v in results.items() if not v]
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    print("(vs tfm-fixed: against tf-models-official at fixed padding in the same precision; examples/CPU-s "
+          "divides by the CPU time the worker got, the steadier number when other jobs share the CPUs; padded "
+          f"tokens of the timed batches, in brackets over {MIX_SAMPLE_BATCHES} batches of the same pipeline)")
+
+    for precision in PRECISIONS:
+        ours = [s for k, v in ok.items() if k.startswith("ours") and k.split("-")[2] == precision
+                and len(k.split("-")) == 3 for r in v for s in r["steps"]]
+        fit = fit_step_cost(ours)
+        if fit:
+            fixed, per_token = fit
+            bucket = f"ours-bucket-{precision}"
+            share = ""
+            if bucket in ok:
+                tokens = med(bucket, "padded_length") * args.batch
+                share = f"; in a bucketed step ({tokens:.0f} tokens) the fixed part is " \
+                        f"{100 * fixed / (fixed + per_token * tokens):.0f}%"
+            print(f"where the time goes ({precision}, ours, CPU-s per step fitted over {len(ours)} steps): "
+                  f"{fixed:.2f} s per step regardless of length (optimizer update, clipping, embedding "
+                  f"gradients, host) + {1000 * per_token * 1000:.1f} ms per 1000 padded tokens{share}")
+    print(f"load average (1 min) at start {load_start[0]:.2f}, at end {load_end[0]:.2f} on {os.cpu_count()} CPUs "
+          f"(a shared machine: every run records its own); took {took:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
