@@ -347,3 +347,12 @@ def test_aux_lm_weight_must_not_be_negative(tmp_path):
     with pytest.raises(ValueError, match="aux_lm_weight must be >= 0"):
         common.make_trainer(settings, str(tmp_path / "out"), lambda: None, classification_loss,
                             num_train_steps=1, global_batch_size=2, warmup_proportion=0.1)
+
+
+def test_export_rebuilds_a_causal_encoder_from_the_run_info():
+    from bert_tf.export import build_task_model
+
+    info = {"task_type": "classification", "label_list": ["a", "b"]}
+    assert build_task_model(CONFIG, dict(info, causal_attention=True)).encoder.causal is True
+    assert build_task_model(CONFIG, info).encoder.causal is False
+    assert build_task_model(CONFIG, {"task_type": "span", "causal_attention": True}).encoder.causal is True
