@@ -10,10 +10,14 @@ first call (tracing / XLA compilation) is not timed.
   python benchmarks/bench_pretraining.py                      # all variants, BERT-small
   python benchmarks/bench_pretraining.py --size=base --batch=8
   python benchmarks/bench_pretraining.py --variants=ours-bf16-graph,tfm-bf16-graph
+  python benchmarks/bench_pretraining.py --variants=ours-fp32-graph,tfm-fp32-graph --rounds=3 --steps=2
 
 Also reports model FLOPs utilisation against a measured matmul peak of the same
 precision, the mean loss of the timed steps (bfloat16 vs float32 on the same
-weights and data), and the machine's load average before and after.
+weights and data), and the machine's load average before and after. On a shared,
+loaded machine wall-clock rates of variants run minutes apart are not comparable:
+`--rounds` interleaves repeated runs, and the process CPU seconds per sequence
+(which do not count time spent waiting for a core) are reported beside them.
 """
 
 from __future__ import annotations
@@ -71,6 +75,18 @@ def flops_per_sequence(layers, hidden, seq, preds, vocab=VOCAB):
 
 
 # ---------------------------------------------------------------------------- workers
+class _CpuStampedList(list):
+    """A list that notes the process CPU time of every append (the Trainer appends one record per loop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cpu_times = []
+
+    def append(self, item):
+        self.cpu_times.append(time.process_time())
+        super().append(item)
+
+
 def run_ours(args, precision, xla):
     from bert_tf.configs import BertConfig
     from bert_tf.models.pretrainer import BertPretrainer
@@ -90,13 +106,16 @@ def run_ours(args, precision, xla):
         trainer = loop.Trainer(
             get_strategy("one_device"), train_config, lambda: BertPretrainer(config), pretraining_loss_fn,
             lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0))
+        trainer.loop_history = _CpuStampedList()  # CPU time between loop records = the timed loops' CPU time
         # The final step saves a checkpoint after the last timed loop; it is not timed.
         trainer.train(lambda ctx, b: _dataset(batches))
     timed = trainer.loop_history[1:]
     seconds = sum(r["seconds"] for r in timed)
     steps = sum(r["steps"] for r in timed)
     losses = trainer.step_losses[args.steps:]
-    return dict(seq_per_s=steps * args.batch / seconds, loss=sum(losses) / len(losses),
+    cpu = trainer.loop_history.cpu_times[-1] - trainer.loop_history.cpu_times[0]
+    return dict(seq_per_s=steps * args.batch / seconds, cpu_s_per_seq=cpu / (steps * args.batch),
+                loss=sum(losses) / len(losses),
                 first_loss=trainer.step_losses[0], params=loop.count_parameters(trainer.model),
                 flops_per_seq=flops_per_sequence(layers, hidden, args.seq, args.preds))
 
@@ -152,11 +171,14 @@ def run_tfm(args, precision, xla):
     n = tf.constant(args.steps)
     first = train_loop(n).numpy()
     seconds, losses = 0.0, []
+    cpu_start = time.process_time()
     for _ in range(args.loops):
         start = time.time()
         losses.extend(train_loop(n).numpy().tolist())
         seconds += time.time() - start
-    return dict(seq_per_s=args.loops * args.steps * args.batch / seconds, loss=sum(losses) / len(losses),
+    sequences = args.loops * args.steps * args.batch
+    return dict(seq_per_s=sequences / seconds, cpu_s_per_seq=(time.process_time() - cpu_start) / sequences,
+                loss=sum(losses) / len(losses),
                 first_loss=float(first[0]), params=int(sum(tf.size(v) for v in model.trainable_variables)),
                 flops_per_seq=flops_per_sequence(layers, hidden, args.seq, args.preds))
 
@@ -204,6 +226,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="steps per host call (timed calls: --loops)")
     parser.add_argument("--loops", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the variant list this many times, interleaved, and keep each variant's best")
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="TensorFlow inter-op threads in every variant (1 ran ~1.5x faster on a 2-core CPU)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -228,28 +252,55 @@ def main():
     load_before = os.getloadavg()
     started = time.time()
     peaks = {p: run(f"peak-{p}") for p in ("fp32", "bf16")}
-    results = {}
-    for name in args.variants.split(","):
-        results[name] = run(name)
-        if results[name]:
-            print(f"{name:18s} {results[name]['seq_per_s']:7.2f} seq/s", file=sys.stderr, flush=True)
+    names = list(dict.fromkeys(args.variants.split(",")))
+    rounds = {name: [] for name in names}  # every round's result per variant, rounds interleaved
+    for r in range(args.rounds):
+        for name in names:
+            result = run(name)
+            if result:
+                rounds[name].append(result)
+                print(f"round {r + 1} {name:18s} {result['seq_per_s']:7.2f} seq/s "
+                      f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq  load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
     load_after = os.getloadavg()
+    # Best round per variant: the highest wall-clock rate, and the least CPU time per sequence
+    # (steadier than wall time on a shared machine: it does not count time spent waiting for a core).
+    results = {}
+    for name, rs in rounds.items():
+        if rs:
+            results[name] = dict(max(rs, key=lambda r: r["seq_per_s"]),
+                                 cpu_s_per_seq=min(r["cpu_s_per_seq"] for r in rs))
 
     print(f"\nBERT-{args.size}, batch {args.batch}, seq {args.seq}, {args.preds} masked positions, "
-          f"{args.loops}x{args.steps} timed steps per variant, inter-op threads {args.inter_op_threads}")
+          f"{args.loops}x{args.steps} timed steps per variant, best of {args.rounds} interleaved round(s), "
+          f"inter-op threads {args.inter_op_threads}")
     print(f"matmul peak: fp32 {peaks['fp32']['flops'] / 1e9:.1f} GFLOP/s, "
           f"bf16 {peaks['bf16']['flops'] / 1e9:.1f} GFLOP/s" if all(peaks.values()) else "matmul peak: n/a")
-    ok = {k: v for k, v in results.items() if v}
+    ok = results
     best_peer = max((v["seq_per_s"] for k, v in ok.items() if k.startswith("tfm")), default=None)
-    print(f"{'variant':18s} {'seq/s':>8s} {'vs best tfm':>11s} {'MFU':>6s} {'loss':>8s} {'params':>11s}")
+    least_peer_cpu = min((v["cpu_s_per_seq"] for k, v in ok.items() if k.startswith("tfm")), default=None)
+    print(f"{'variant':18s} {'seq/s':>8s} {'vs best tfm':>11s} {'CPU-s/seq':>9s} {'vs tfm':>7s} {'MFU':>6s} "
+          f"{'loss':>8s} {'params':>11s}")
     for name, r in ok.items():
         peak = peaks.get(name.split("-")[1])
         mfu = r["seq_per_s"] * r["flops_per_seq"] / peak["flops"] if peak else float("nan")
         ratio = r["seq_per_s"] / best_peer if best_peer else float("nan")
-        print(f"{name:18s} {r['seq_per_s']:8.2f} {ratio:10.2f}x {100 * mfu:5.1f}% {r['loss']:8.4f} {r['params']:11,d}")
+        cpu_ratio = least_peer_cpu / r["cpu_s_per_seq"] if least_peer_cpu else float("nan")
+        print(f"{name:18s} {r['seq_per_s']:8.2f} {ratio:10.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
+              f"{100 * mfu:5.1f}% {r['loss']:8.4f} {r['params']:11,d}")
     best_ours = max((v["seq_per_s"] for k, v in ok.items() if k.startswith("ours")), default=None)
     if best_ours and best_peer:
-        print(f"best ours / best tf-models-official: {best_ours / best_peer:.2f}x")
+        print(f"best ours / best tf-models-official: {best_ours / best_peer:.2f}x wall-clock", end="")
+        least_ours_cpu = min(v["cpu_s_per_seq"] for k, v in ok.items() if k.startswith("ours"))
+        print(f", {least_peer_cpu / least_ours_cpu:.2f}x by CPU time per sequence")
+    # Same-round ratios of each ours variant to its tfm counterpart (same precision and mode).
+    for name in names:
+        peer = "tfm" + name[len("ours"):]
+        if name.startswith("ours") and rounds.get(peer) and rounds[name]:
+            pairs = list(zip(rounds[name], rounds[peer], strict=False))  # a failed round shortens one list
+            print(f"{name} / {peer} per round: " + ", ".join(
+                f"{a['seq_per_s'] / b['seq_per_s']:.2f}x wall {b['cpu_s_per_seq'] / a['cpu_s_per_seq']:.2f}x CPU"
+                for a, b in pairs))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"({os.cpu_count()} CPUs); took {time.time() - started:.0f}s")
 
