@@ -30,7 +30,7 @@ Install the peers into the venv first (they are not bert_tf dependencies):
   pip install torch==2.13.0 transformers        # CPU build of torch; keep transformers from replacing it
   pip install tf-models-official==2.20.0 tf-keras
 Then:
-  python benchmarks/bench_serving.py                       # all variants, ~8 minutes on 2 cores
+  python benchmarks/bench_serving.py          # default variants: ~10 minutes on an idle 2-core CPU
   python benchmarks/bench_serving.py --variants=ours-ids-bf16-io1,hf-bf16 --rounds=3
 """
 
