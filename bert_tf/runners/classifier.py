@@ -89,14 +89,9 @@ def _primary_metric(task: glue.TaskSpec) -> str:
 
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
-    if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
-        raise finetuning.FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+    common.check_request(cfg)
     settings = cfg.run
     pretrained = settings.pretrained
-    if cfg.max_seq_length > pretrained.config.max_position_embeddings:
-        raise finetuning.FinetuneError(
-            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
-            f"{pretrained.config.max_position_embeddings}")
     task = cfg.task
     if task.labels is not None and not task.labels:
         task = glue.infer_labels(task, cfg.data_dir)

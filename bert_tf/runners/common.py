@@ -47,6 +47,19 @@ class RunSettings:
     aux_lm_weight: float = 0.0
 
 
+def check_request(cfg) -> None:
+    """The checks every runner makes before reading data: something to do, and a sequence length
+    the model can hold. `cfg` is a runner's run config (do_* flags, max_seq_length, run settings)."""
+    from bert_tf.finetuning import FinetuneError
+
+    if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
+        raise FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+    limit = cfg.run.pretrained.config.max_position_embeddings
+    if cfg.max_seq_length > limit:
+        raise FinetuneError(
+            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings {limit}")
+
+
 def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, loss_fn: Callable, *,
                  num_train_steps: int, global_batch_size: int, warmup_proportion: float) -> Trainer:
     """A Trainer whose fresh model starts from `settings.pretrained` (a resumed run from output_dir).

@@ -174,14 +174,9 @@ def _resolve_labels(cfg: NerRunConfig, train_examples) -> Tuple[Tuple[str, ...],
 
 def run(cfg: NerRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {"dev": eval results[, "test": test results]}."""
-    if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
-        raise finetuning.FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+    common.check_request(cfg)
     settings = cfg.run
     pretrained = settings.pretrained
-    if cfg.max_seq_length > pretrained.config.max_position_embeddings:
-        raise finetuning.FinetuneError(
-            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
-            f"{pretrained.config.max_position_embeddings}")
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
     # Every input is read and featurized before anything is written to output_dir.

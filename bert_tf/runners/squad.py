@@ -262,12 +262,9 @@ def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, 
     if cfg.run is None:
         raise finetuning.FinetuneError("SquadRunConfig.run (the RunSettings) is required to run")
     inputs = inputs if inputs is not None else read_inputs(cfg)
+    common.check_request(cfg)
     settings = cfg.run
     pretrained = settings.pretrained
-    if cfg.max_seq_length > pretrained.config.max_position_embeddings:
-        raise finetuning.FinetuneError(
-            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
-            f"{pretrained.config.max_position_embeddings}")
     finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, task=TASK_NAME)
     tokenizer = cfg.run.pretrained.tokenizer(cfg.do_lower_case)
 

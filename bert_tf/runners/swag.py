@@ -85,14 +85,9 @@ def eval_metrics(logits: np.ndarray, label_ids: np.ndarray) -> Dict[str, float]:
 
 def run(cfg: SwagRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {"dev": eval results} when evaluated."""
-    if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
-        raise finetuning.FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+    common.check_request(cfg)
     settings = cfg.run
     pretrained = settings.pretrained
-    if cfg.max_seq_length > pretrained.config.max_position_embeddings:
-        raise finetuning.FinetuneError(
-            f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings "
-            f"{pretrained.config.max_position_embeddings}")
     info = dict(task="swag", num_choices=swag.NUM_CHOICES)
     finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, **info)
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
