@@ -32,6 +32,7 @@ setup(
     extras_require={
         "test": TEST,
         "tfm": ["tf-models-official==2.20.0"],
+        "experiments": ["matplotlib"],  # experiments/ablations.py's plot
     },
     license="Apache-2.0",
 )

@@ -266,6 +266,10 @@ def write_outputs(out, rows, pretraining_results, info):
 
 
 def main(_):
+    try:  # the plot comes last; fail before an hour of training, not after it
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sys.exit("error: experiments/ablations.py needs matplotlib for its plot: pip install -e .[experiments]")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)
     import tensorflow as tf
