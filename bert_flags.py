@@ -225,3 +225,32 @@ def export_if_asked(settings):
     except ExportError as e:
         fail(str(e))
     logging.getLogger("bert_tf").info("exported the fine-tuned model as a SavedModel: %s", out)
+
+
+def finetune_config_kwargs(settings) -> dict:
+    """The run-config fields every fine-tuning runner takes from the shared flags."""
+    return dict(
+        output_dir=FLAGS.output_dir, run=settings, max_seq_length=FLAGS.max_seq_length,
+        do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
+        do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size,
+        predict_batch_size=FLAGS.predict_batch_size, num_train_epochs=FLAGS.num_train_epochs,
+        warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps)
+
+
+def run_and_report(run_fn, cfg, settings) -> None:
+    """Runs a fine-tuning `run(cfg)`: one-line errors, SIGTERM exit, --export_dir, the original's eval printout."""
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.tasks import TaskDataError
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
+
+    try:
+        results = run_fn(cfg)
+    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
+        fail(str(e))
+    except TrainingPreempted as e:
+        exit_preempted(e)
+    export_if_asked(settings)
+    for split, split_results in results.items():
+        print(f"***** Eval results ({split}) *****")
+        for key in sorted(split_results):
+            print(f"  {key} = {split_results[key]}")

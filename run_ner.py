@@ -32,11 +32,8 @@ bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=5e-5, train
 
 def main(_):
     bert_flags.setup_logging()
-    from bert_tf.finetuning import FinetuneError
     from bert_tf.runners.ner import NerRunConfig, run
-    from bert_tf.tasks import TaskDataError
     from bert_tf.tasks.conll import CONLL2003_LABELS
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     if not FLAGS.data_dir:
         fail("--data_dir is required")
@@ -45,24 +42,9 @@ def main(_):
         labels = CONLL2003_LABELS
     settings = bert_flags.finetune_settings()
     cfg = NerRunConfig(
-        data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir, run=settings, labels=tuple(labels) if labels else None,
-        max_seq_length=FLAGS.max_seq_length, do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train,
-        do_eval=FLAGS.do_eval, do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size,
-        eval_batch_size=FLAGS.eval_batch_size, predict_batch_size=FLAGS.predict_batch_size,
-        num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
-        eval_every_steps=FLAGS.eval_every_steps, feature_based=FLAGS.feature_based,
-        feature_layers=FLAGS.feature_layers)
-    try:
-        results = run(cfg)
-    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        fail(str(e))
-    except TrainingPreempted as e:
-        bert_flags.exit_preempted(e)
-    bert_flags.export_if_asked(settings)
-    for split, split_results in results.items():
-        print(f"***** Eval results ({split}) *****")
-        for key in sorted(split_results):
-            print(f"  {key} = {split_results[key]}")
+        data_dir=FLAGS.data_dir, labels=tuple(labels) if labels else None, feature_based=FLAGS.feature_based,
+        feature_layers=FLAGS.feature_layers, **bert_flags.finetune_config_kwargs(settings))
+    bert_flags.run_and_report(run, cfg, settings)
 
 
 if __name__ == "__main__":
