@@ -256,41 +256,11 @@ class MultipleChoiceHead(keras.layers.Layer):
         return config
 
 
-class TokenTaggingHead(keras.layers.Layer):
-    """Dropout then a dense layer to `num_labels` on every position (NER)."""
+class TokenTaggingHead(ClassificationHead):
+    """Dropout then a dense layer to `num_labels` on every position (NER):
+    sequence_output [B, S, H] -> float32 logits [B, S, L]. The classification head's
+    layers applied per token (the projection works on any leading shape)."""
 
-    def __init__(
-        self,
-        num_labels: int,
-        hidden_size: int,
-        initializer_range: float = 0.02,
-        dropout_rate: float = CLASSIFIER_DROPOUT,
-        name: str = "tagger",
-        **kwargs,
-    ):
-        kwargs.setdefault("dtype", HEAD_DTYPE)
-        super().__init__(name=name, **kwargs)
-        self.num_labels = num_labels
-        self.hidden_size = hidden_size
-        self.initializer_range = initializer_range
-        self.dropout_rate = dropout_rate
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
-        self.projection = OutputProjection(num_labels, hidden_size, initializer_range, name="output")
-
-    def build(self, input_shape=None):
-        self.projection.build()
-
-    def call(self, sequence_output, training=False):
-        """sequence_output [B, S, H] -> float32 logits [B, S, L]."""
-        x = self.dropout(ops.cast(sequence_output, self.compute_dtype), training=training)
-        return self.projection(x)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_labels=self.num_labels,
-            hidden_size=self.hidden_size,
-            initializer_range=self.initializer_range,
-            dropout_rate=self.dropout_rate,
-        )
-        return config
+    def __init__(self, num_labels: int, hidden_size: int, initializer_range: float = 0.02,
+                 dropout_rate: float = CLASSIFIER_DROPOUT, name: str = "tagger", **kwargs):
+        super().__init__(num_labels, hidden_size, initializer_range, dropout_rate, name=name, **kwargs)
