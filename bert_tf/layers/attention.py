@@ -9,6 +9,7 @@ import math
 import keras
 from keras import ops
 
+from bert_tf.layers.dropout import Dropout
 from bert_tf.layers.layout import TokenLayout
 
 # Added to the scores of masked positions before the softmax (the original's value).
@@ -70,7 +71,7 @@ class SelfAttention(keras.layers.Layer):
         self.key = dense("key")
         self.value = dense("value")
         self.output_dense = dense("output_dense")
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         for layer in (self.query, self.key, self.value, self.output_dense):

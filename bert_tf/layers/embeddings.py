@@ -7,6 +7,7 @@ T token types (segments), P max positions.
 import keras
 from keras import ops
 
+from bert_tf.layers.dropout import Dropout
 from bert_tf.layers.normalization import LayerNorm
 
 # Original LayerNorm epsilon (Keras' default 1e-3 would break parity).
@@ -51,7 +52,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.layer_norm = LayerNorm(
             epsilon=LAYER_NORM_EPSILON, name="LayerNorm", dtype=self.dtype_policy
         )
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.word_embeddings.build((None, None))

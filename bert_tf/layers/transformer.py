@@ -11,6 +11,7 @@ from keras import ops
 
 from bert_tf.layers.activations import get_activation
 from bert_tf.layers.attention import SelfAttention
+from bert_tf.layers.dropout import Dropout
 from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
 from bert_tf.layers.layout import TokenLayout
 from bert_tf.layers.normalization import LayerNorm
@@ -47,7 +48,7 @@ class TransformerBlock(keras.layers.Layer):
             hidden_size, num_heads, attention_dropout_rate, initializer_range, causal=causal, name="attention",
             dtype=policy,
         )
-        self.attention_dropout = keras.layers.Dropout(hidden_dropout_rate, dtype=policy)
+        self.attention_dropout = Dropout(hidden_dropout_rate, dtype=policy)
         self.attention_layer_norm = LayerNorm(
             epsilon=LAYER_NORM_EPSILON, name="attention_LayerNorm", dtype=policy
         )
@@ -59,7 +60,7 @@ class TransformerBlock(keras.layers.Layer):
             dtype=policy,
         )
         self.output_dense = keras.layers.Dense(hidden_size, kernel_initializer=init, name="output_dense", dtype=policy)
-        self.output_dropout = keras.layers.Dropout(hidden_dropout_rate, dtype=policy)
+        self.output_dropout = Dropout(hidden_dropout_rate, dtype=policy)
         self.output_layer_norm = LayerNorm(
             epsilon=LAYER_NORM_EPSILON, name="output_LayerNorm", dtype=policy
         )

@@ -15,6 +15,7 @@ import keras
 from keras import ops
 
 from bert_tf.layers.activations import get_activation
+from bert_tf.layers.dropout import Dropout
 from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
 from bert_tf.layers.normalization import LayerNorm
 
@@ -173,7 +174,7 @@ class ClassificationHead(keras.layers.Layer):
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
         self.dropout_rate = dropout_rate
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
         self.projection = OutputProjection(num_labels, hidden_size, initializer_range, name="output")
 
     def build(self, input_shape=None):
@@ -237,7 +238,7 @@ class MultipleChoiceHead(keras.layers.Layer):
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
         self.dropout_rate = dropout_rate
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
         self.projection = OutputProjection(1, hidden_size, initializer_range, name="output")
 
     def build(self, input_shape=None):
