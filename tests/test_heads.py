@@ -81,6 +81,20 @@ def test_masked_lm_is_tied_to_word_embeddings(pretrainer):
     assert not any("masked_lm" in n and "embeddings" in n for n in names)
 
 
+def test_tied_logits_gradient_is_the_matmul_gradient():
+    from bert_tf.models.heads import _logits_of_table
+
+    x = tf.random.stateless_normal([6, 8], seed=[1, 2])
+    table = tf.random.stateless_normal([30, 8], seed=[3, 4])
+    dy = tf.random.stateless_normal([6, 30], seed=[5, 6])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, table])
+        ours, plain = _logits_of_table(x, table), x @ tf.transpose(table)
+    np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(tape.gradient(ours, [x, table], dy), tape.gradient(plain, [x, table], dy), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_pretraining_losses_and_metrics_follow_the_original(pretrainer):
     f = features()
     logits = {k: v.numpy() for k, v in pretrainer.logits(f).items()}

@@ -12,6 +12,7 @@ sequence, L labels, C choices.
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from bert_tf.layers.activations import get_activation
@@ -23,6 +24,21 @@ from bert_tf.layers.normalization import LayerNorm
 # keep_prob=0.9 in run_classifier.py (REFERENCE.md §3).
 CLASSIFIER_DROPOUT = 0.1
 HEAD_DTYPE = "float32"
+
+
+@tf.custom_gradient
+def _logits_of_table(x, table):
+    """x [N, H], table [V, H] -> x @ table^T [N, V].
+
+    The gradient of table is transpose(dy) @ x with the transpose made
+    explicitly: as one MatMul(transpose_a) over the vocabulary it ran at 55%
+    of the machine's matmul rate (58 vs 33 ms at BERT-base batch 8 on CPU).
+    """
+
+    def grad(dy):
+        return tf.matmul(dy, table), tf.matmul(tf.transpose(dy), x)
+
+    return tf.matmul(x, table, transpose_b=True), grad
 
 
 def _truncated_normal(stddev):
@@ -120,7 +136,9 @@ class MaskedLMHead(keras.layers.Layer):
             x = gather_positions(x, masked_lm_positions)  # [B, P, H]
         x = self.layer_norm(self.transform(x))
         table = ops.cast(embedding_table, self.compute_dtype)  # [V, H]
-        return ops.matmul(x, ops.transpose(table)) + self.output_bias  # [B, P, V]
+        shape = ops.shape(x)
+        logits = _logits_of_table(ops.reshape(x, (-1, shape[-1])), table)  # [B * P, V]
+        return ops.reshape(logits, (shape[0], shape[1], self.vocab_size)) + self.output_bias  # [B, P, V]
 
     def get_config(self):
         config = super().get_config()
