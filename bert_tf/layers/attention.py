@@ -7,6 +7,7 @@ self-attention), N heads, D head size (H / N), H hidden size.
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from bert_tf.layers.dropout import Dropout
@@ -77,11 +78,6 @@ class SelfAttention(keras.layers.Layer):
         for layer in (self.query, self.key, self.value, self.output_dense):
             layer.build((None, None, self.hidden_size))
 
-    def _heads(self, rows, layout):
-        # [T, H] rows -> [B, S, N, D] grid
-        grid = layout.to_grid(rows)
-        return ops.reshape(grid, (layout.batch, layout.seq, self.num_heads, self.head_size))
-
     def call(self, x, input_mask, training=False, layout=None, queries=None, query_layout=None):
         """Self-attention of the tokens x over themselves (before the residual).
 
@@ -103,19 +99,18 @@ class SelfAttention(keras.layers.Layer):
             queries, query_layout = x, layout
         elif self.causal:
             raise ValueError("causal attention computes every position; it takes no separate queries")
-        q = self._heads(self.query(queries), query_layout)  # [B, F, N, D]
-        k = self._heads(self.key(x), layout)  # [B, T, N, D]
-        v = self._heads(self.value(x), layout)  # [B, T, N, D]
-        scores = ops.einsum("bfnd,btnd->bnft", q, k)  # [B, N, F, T]
+        q = query_layout.to_heads(self.query(queries), self.num_heads)  # [B, N, F, D]
+        k = layout.to_heads(self.key(x), self.num_heads)  # [B, N, T, D]
+        v = layout.to_heads(self.value(x), self.num_heads)  # [B, N, T, D]
+        scores = tf.matmul(q, k, transpose_b=True)  # [B, N, F, T]
         scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size))
         bias = attention_bias_from_mask(input_mask)  # [B, 1, 1, T]
         if self.causal:
             bias = bias + causal_attention_bias(layout.seq)  # [B, 1, F, T]
         probs = ops.softmax(scores + bias, axis=-1)  # [B, N, F, T], float32
         probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
-        context = ops.einsum("bnft,btnd->bfnd", probs, v)  # [B, F, N, D]
-        context = ops.reshape(context, (query_layout.batch, query_layout.seq, self.hidden_size))  # [B, F, H]
-        out = self.output_dense(query_layout.to_rows(context))  # query rows [Q, H]
+        context = ops.matmul(probs, v)  # [B, N, F, D]
+        out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]
         return query_layout.to_grid(out) if grid_input else out
 
     def get_config(self):

@@ -53,6 +53,50 @@ class TokenLayout:
         rows = ops.reshape(grid, (self.batch * self.seq, ops.shape(grid)[-1]))
         return rows if self.index is None else _grid_to_rows(rows, self.index, self.inverse)
 
+    def to_heads(self, rows, num_heads):
+        """[T, N * D] rows -> [B, N, S, D], the layout attention's batched matmuls take.
+
+        With real-token rows this is one gather that also does the head
+        transpose. Positions without a row get an arbitrary real row's values
+        rather than zeros: attention gives them exactly zero weight as keys
+        (the mask bias makes their probabilities underflow to 0) and drops
+        their outputs as queries, so every real position's result, and the
+        gradient, is the same as with zero rows.
+        """
+        head_size = ops.shape(rows)[-1] // num_heads
+        if self.index is None:
+            grid = ops.reshape(rows, (self.batch, self.seq, num_heads, head_size))
+            return ops.transpose(grid, (0, 2, 1, 3))
+        grid_index, rows_index = self._head_indices(num_heads)
+        flat = ops.reshape(rows, (-1, head_size))  # [T * N, D]
+        return _rows_to_heads(flat, grid_index, rows_index)
+
+    def from_heads(self, heads):
+        """[B, N, S, D] -> [T, N * D] rows: the inverse of to_heads (values at positions without a row dropped)."""
+        num_heads, head_size = ops.shape(heads)[1], ops.shape(heads)[3]
+        if self.index is None:
+            grid = ops.transpose(heads, (0, 2, 1, 3))
+            return ops.reshape(grid, (self.batch * self.seq, num_heads * head_size))
+        grid_index, rows_index = self._head_indices(num_heads)
+        flat = ops.reshape(heads, (-1, head_size))  # [B * N * S, D]
+        real = ops.reshape(ops.cast(self.inverse < ops.shape(self.index)[0], heads.dtype), (self.batch, 1, self.seq, 1))
+        rows = _heads_to_rows(flat, grid_index, rows_index, real)  # [T * N, D]
+        return ops.reshape(rows, (-1, num_heads * head_size))
+
+    def _head_indices(self, num_heads):
+        """int32 [B, N, S]: the [T * N, D] row of each (b, n, s), any real one where s has no row;
+        int32 [T, N]: the [B * N * S, D] row of each (t, n). Built once per layout and head count."""
+        cache = self.__dict__.setdefault("_head_index_cache", {})
+        if num_heads not in cache:
+            heads = ops.arange(num_heads, dtype="int32")
+            rows = ops.where(self.inverse < ops.shape(self.index)[0], self.inverse, 0)  # [B * S]
+            rows = ops.reshape(rows, (self.batch, 1, self.seq))
+            grid_index = rows * num_heads + heads[None, :, None]
+            b, s = self.index // self.seq, self.index % self.seq  # [T]
+            rows_index = ((b[:, None] * num_heads + heads[None, :]) * self.seq) + s[:, None]
+            cache[num_heads] = (grid_index, rows_index)
+        return cache[num_heads]
+
     def rows_of(self, positions):
         """positions int [B, P] -> int32 [B * P]: the row holding each (b, positions[b, p]).
 
@@ -91,3 +135,27 @@ def _grid_to_rows(grid, index, inverse):
         return tf.gather(_padded(d_rows), inverse), None, None
 
     return tf.gather(grid, index), grad
+
+
+# The head layout's two gathers: real (b, n, s) and (t, n) correspond one to one, so each
+# direction's gradient is the other gather; positions without a row get no gradient.
+@tf.custom_gradient
+def _rows_to_heads(flat_rows, grid_index, rows_index):
+    """[T * N, D] -> [B, N, S, D]."""
+
+    def grad(d_heads):
+        d_flat = tf.reshape(d_heads, (-1, tf.shape(d_heads)[-1]))
+        return tf.reshape(tf.gather(d_flat, rows_index), (-1, tf.shape(d_heads)[-1])), None, None
+
+    return tf.gather(flat_rows, grid_index), grad
+
+
+@tf.custom_gradient
+def _heads_to_rows(flat_heads, grid_index, rows_index, real):
+    """[B * N * S, D] -> [T * N, D]; `real` [B, 1, S, 1] is 1 where s has a row."""
+
+    def grad(d_rows):
+        d_heads = tf.gather(d_rows, grid_index) * real  # [B, N, S, D]
+        return tf.reshape(d_heads, (-1, tf.shape(d_rows)[-1])), None, None, None
+
+    return tf.reshape(tf.gather(flat_heads, rows_index), (-1, tf.shape(flat_heads)[-1])), grad
