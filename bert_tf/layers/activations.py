@@ -2,6 +2,7 @@
 
 import math
 
+import keras
 import tensorflow as tf
 from keras import ops
 
@@ -15,11 +16,33 @@ def _gelu_and_tanh(x):
     return 0.5 * x * (1.0 + t), t
 
 
-@tf.function(jit_compile=True, autograph=False)
-def _gelu_grad(x, t, dy):
+def _gelu_backward(x, t, dy):
     # d/dx 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
     slope = _SQRT_2_OVER_PI + 3.0 * _SQRT_2_OVER_PI * _GELU_CUBIC * x * x
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope)
+
+
+_gelu_grad = tf.function(_gelu_backward, jit_compile=True, autograph=False)
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _bias_gelu_forward(mm, bias):
+    return _gelu_and_tanh(mm + bias)
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _bias_gelu_grad(mm, bias, t, dy):
+    d_x = _gelu_backward(mm + bias, t, dy)
+    d_bias = tf.reduce_sum(tf.reshape(tf.cast(d_x, tf.float32), (-1, tf.shape(bias)[0])), axis=0)
+    return d_x, tf.cast(d_bias, bias.dtype)
+
+
+@tf.custom_gradient
+def bias_gelu(mm, bias):
+    """gelu(mm + bias) for a matmul result mm [..., N] and bias [N], forward and backward each one
+    XLA kernel (the backward also reduces the bias gradient). For training: inference keeps plain ops."""
+    y, t = _bias_gelu_forward(mm, bias)
+    return y, lambda dy: _bias_gelu_grad(mm, bias, t, dy)
 
 
 @tf.custom_gradient
@@ -42,6 +65,18 @@ def gelu(x):
 
 def linear(x):
     return x
+
+
+class Dense(keras.layers.Dense):
+    """keras.layers.Dense (same variables and config); in training, a "gelu" layer adds its bias
+    and applies the activation in one XLA kernel (plain TensorFlow ops took seven passes over
+    the [tokens, intermediate] activations, ~2% of a BERT-base step on CPU)."""
+
+    def call(self, inputs, training=None):
+        if training and self.activation is gelu and self.bias is not None:
+            mm = ops.matmul(inputs, self.kernel)
+            return bias_gelu(mm, ops.cast(self.bias, mm.dtype))
+        return super().call(inputs, training=training)
 
 
 _ACTIVATIONS = {"gelu": gelu, "relu": ops.relu, "tanh": ops.tanh, "linear": linear}

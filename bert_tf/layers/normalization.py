@@ -12,9 +12,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from bert_tf.layers.dropout import Dropout, keep_mask
 
-@tf.function(jit_compile=True, autograph=False)
-def _layer_norm_grad(normalized, inv_std, gamma, dy):
+
+def _layer_norm_backward(normalized, inv_std, gamma, dy):
     """normalized [..., H], inv_std [..., 1], gamma [H], dy [..., H] (float32) -> d input, d gamma, d beta."""
     d_normalized = dy * gamma
     mean_d = tf.reduce_mean(d_normalized, axis=-1, keepdims=True)
@@ -26,14 +27,54 @@ def _layer_norm_grad(normalized, inv_std, gamma, dy):
     return d_input, d_gamma, d_beta
 
 
+_layer_norm_grad = tf.function(_layer_norm_backward, jit_compile=True, autograph=False)
+
+
+def _normalize(x, epsilon):
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    inv_std = tf.math.rsqrt(variance + epsilon)
+    return (x - mean) * inv_std, inv_std
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _dropout_add_norm_forward(y, residual, seed, gamma, beta, rate, epsilon):
+    dropped = tf.where(keep_mask(tf.shape(y), seed, rate), tf.cast(y, tf.float32) * (1.0 / (1.0 - rate)), 0.0)
+    normalized, inv_std = _normalize(tf.cast(residual, tf.float32) + dropped, epsilon)
+    return normalized * gamma + beta, normalized, inv_std
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _dropout_add_norm_grad(normalized, inv_std, gamma, dy, seed, rate, y_dtype, residual_dtype):
+    d_sum, d_gamma, d_beta = _layer_norm_backward(normalized, inv_std, gamma, tf.cast(dy, tf.float32))
+    d_y = tf.where(keep_mask(tf.shape(d_sum), seed, rate), d_sum * (1.0 / (1.0 - rate)), 0.0)
+    return tf.cast(d_y, y_dtype), tf.cast(d_sum, residual_dtype), d_gamma, d_beta
+
+
+def dropout_add_layer_norm(y, residual, seed, rate: float, gamma, beta, epsilon: float):
+    """layer_norm(residual + hashed_dropout(y, seed, rate)) in float32, the same values and
+    gradients, with the forward and the backward each one XLA kernel (for training: the
+    Transformer block's "add & norm" was a dropout kernel plus eight TensorFlow ops).
+    """
+    seed = tf.cast(tf.cast(seed, tf.int64) % (2**32), tf.uint32)
+
+    @tf.custom_gradient
+    def forward(y, residual, gamma, beta):
+        out, normalized, inv_std = _dropout_add_norm_forward(y, residual, seed, gamma, beta, rate, epsilon)
+
+        def grad(dy):
+            return _dropout_add_norm_grad(normalized, inv_std, gamma, dy, seed, rate, y.dtype, residual.dtype)
+
+        return out, grad
+
+    return forward(y, residual, gamma, beta)
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis; float32 tensors."""
 
     @tf.custom_gradient
     def forward(x, gamma, beta):
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        inv_std = tf.math.rsqrt(variance + epsilon)
-        normalized = (x - mean) * inv_std
+        normalized, inv_std = _normalize(x, epsilon)
         return normalized * gamma + beta, lambda dy: _layer_norm_grad(normalized, inv_std, gamma, dy)
 
     return forward(x, gamma, beta)
@@ -41,6 +82,17 @@ def layer_norm(x, gamma, beta, epsilon):
 
 class LayerNorm(keras.layers.LayerNormalization):
     """keras.layers.LayerNormalization(axis=-1) with scale and center, as BERT uses it."""
+
+    def add_and_norm(self, residual, y, dropout, training=False):
+        """self(residual + dropout(y)): one XLA kernel each way in training with a hashed `dropout`
+        (bert_tf.layers.dropout.Dropout); the plain layers otherwise."""
+        rate = getattr(dropout, "rate", 0)
+        if not training or not 0 < rate < 1 or dropout.noise_shape is not None or not isinstance(dropout, Dropout):
+            return self(residual + dropout(y, training=training))
+        out = dropout_add_layer_norm(y, residual, dropout.seed_generator.next(), float(rate),
+                                     tf.convert_to_tensor(self.gamma, tf.float32),
+                                     tf.convert_to_tensor(self.beta, tf.float32), self.epsilon)
+        return tf.cast(out, self.compute_dtype)
 
     def call(self, inputs):
         x = tf.cast(inputs, tf.float32)

@@ -9,7 +9,7 @@ Dimensions: B batch, S sequence, H hidden, I intermediate size.
 import keras
 from keras import ops
 
-from bert_tf.layers.activations import get_activation
+from bert_tf.layers.activations import Dense, get_activation
 from bert_tf.layers.attention import SelfAttention
 from bert_tf.layers.dropout import Dropout
 from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
@@ -52,7 +52,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_layer_norm = LayerNorm(
             epsilon=LAYER_NORM_EPSILON, name="attention_LayerNorm", dtype=policy
         )
-        self.intermediate = keras.layers.Dense(
+        self.intermediate = Dense(
             intermediate_size,
             activation=get_activation(hidden_act),
             kernel_initializer=init,
@@ -94,9 +94,9 @@ class TransformerBlock(keras.layers.Layer):
             attended = self.attention(
                 x, input_mask, training=training, layout=layout, queries=residual, query_layout=query_layout
             )
-        x = self.attention_layer_norm(residual + self.attention_dropout(attended, training=training))
-        y = self.output_dense(self.intermediate(x))
-        out = self.output_layer_norm(x + self.output_dropout(y, training=training))
+        x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training)
+        y = self.output_dense(self.intermediate(x, training=training))
+        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training)
         return layout.to_grid(out) if grid_input and query_rows is None else out
 
     def get_config(self):
