@@ -82,3 +82,22 @@ def test_add_and_norm_is_the_layers_in_inference_and_dropout_in_training():
     assert np.abs(a - norm(x + y)).max() > 1e-2 and np.abs(a - b).max() > 1e-2  # dropped, a new mask per call
     keras.utils.set_random_seed(1)
     np.testing.assert_allclose(norm.add_and_norm(x, y, Dropout(0.1), training=True), a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_dropped_softmax_matches_softmax_then_dropout(dtype):
+    from bert_tf.layers.attention import attention_bias_from_mask, dropped_softmax
+
+    seed = tf.constant([3, 9])
+    scores = normal([2, 3, 5, 5], 13, dtype) * 4
+    bias = attention_bias_from_mask(np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    dy = normal([2, 3, 5, 5], 14, dtype)
+
+    def composed(scores):
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) * 0.125 + bias, axis=-1)
+        return tf.cast(hashed_dropout(probs, seed, 0.3), dtype)
+
+    fused = value_and_grads(lambda s: dropped_softmax(s, bias, 0.125, seed, 0.3), [scores], dy)
+    assert fused[0].dtype == dtype and fused[1][0].dtype == dtype
+    assert_same(fused, value_and_grads(composed, [scores], dy), 1e-5 if dtype == tf.float32 else 2e-2)
+    assert not fused[0].numpy()[0, :, :, 3:].any()  # masked keys get no weight
