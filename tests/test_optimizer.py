@@ -102,3 +102,84 @@ def test_slots_checkpoint_round_trip(tmp_path):
     tf.train.Checkpoint(optimizer=restored).restore(path).assert_existing_objects_matched()
     assert int(restored.iterations) == 1
     np.testing.assert_allclose(restored.slots["v"][1].numpy(), optimizer.slots["v"][1].numpy())
+
+
+def test_group_variables():
+    assert opt.group_variables([12, 4, 4, 30, 2, 7, None, 3], 16) == [[0, 1], [2], [3], [4, 5], [6], [7]]
+    assert opt.group_variables([5, 5], 0) == [[0], [1]]
+    assert opt.group_variables([], 16) == []
+
+
+def _grouping_variables():
+    # 96 elements in all; limit 16: groups [0, 1] [2] [3] (30 > 16, alone) [4, 5] [6].
+    rng = np.random.default_rng(2)
+    names = ["a/kernel", "a/bias", "b/LayerNorm/gamma", "c/kernel", "c/bias", "d/kernel", "e/kernel"]
+    shapes = [(3, 4), (4,), (4,), (5, 6), (2,), (7,), (4, 4)]
+    return [(n, rng.normal(size=s).astype(np.float32)) for n, s in zip(names, shapes, strict=True)]
+
+
+def _run_steps(name, max_group_elements, strategy=None, in_function=True):
+    """Five updates (apply None / True / False with NaN grads / True / None, varying grad_scale) of
+    the grouping variables; -> (variables, slots, iterations) as NumPy, and the optimizer."""
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        variables = [tf.Variable(x, name=n) for n, x in _grouping_variables()]
+        cls = opt.AdamWeightDecay if name == "adamw" else opt.Lamb
+        optimizer = cls(variables, opt.WarmupLinearDecay(0.01, 10, 2), weight_decay_rate=0.01,
+                        max_group_elements=max_group_elements)
+
+    def step(grads, apply, scale):
+        optimizer.apply_gradients(grads, apply=apply, grad_scale=scale)
+
+    default = strategy is tf.distribute.get_strategy()
+    if not default:
+        step = tf.function(lambda g, a, s: strategy.run(optimizer.apply_gradients, args=(g, a, s)))
+    elif in_function:
+        step = tf.function(step)
+    rng = np.random.default_rng(3)
+    for apply in (None, True, False, True, None):
+        grads = [rng.normal(size=v.shape).astype(np.float32) for v in variables]
+        if apply is False:
+            grads[0][0, 0] = np.nan
+        grads = [tf.constant(g) for g in grads]
+        apply = None if apply is None else tf.constant(apply)
+        scale = tf.constant(float(rng.uniform(0.5, 1.0)))
+        step(grads, apply, scale)
+    state = ([v.numpy() for v in variables], {k: [s.numpy() for s in v] for k, v in optimizer.slots.items()},
+             int(optimizer.iterations))
+    return state, optimizer
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+@pytest.mark.parametrize("where", ["eager", "function", "one_device"])
+def test_grouped_update_is_the_per_variable_update(name, where):
+    kwargs = {"in_function": where != "eager"}
+    if where == "one_device":
+        kwargs["strategy"] = tf.distribute.OneDeviceStrategy("/cpu:0")
+    (w_ref, slots_ref, it_ref), per_variable = _run_steps(name, 0, **kwargs)
+    (w, slots, it), grouped = _run_steps(name, 16, **kwargs)
+    assert per_variable._groups.value == [] and per_variable.group_tracing_count() == 0
+    assert grouped._groups.value == [[0, 1], [2], [3], [4, 5], [6]]
+    assert it == it_ref == 5
+    for i, (a, b) in enumerate(zip(w, w_ref, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"variable {i}")
+        assert np.all(np.isfinite(a))
+    for k in slots_ref:
+        for a, b in zip(slots[k], slots_ref[k], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"slot {k}")
+    # The updates moved the variables, and every group function traced once per `apply` kind
+    # (None, a tensor) over the five steps: nothing retraces.
+    assert not np.array_equal(w[3], _grouping_variables()[3][1])
+    assert grouped.group_tracing_count() == 2 * 5
+
+
+def test_apply_false_keeps_everything_but_the_step_count():
+    variables = [tf.Variable(x, name=n) for n, x in _grouping_variables()]
+    optimizer = opt.Lamb(variables, opt.WarmupLinearDecay(0.01, 10, 0), max_group_elements=16)
+    optimizer.apply_gradients([tf.ones(v.shape) for v in variables])
+    before = [v.numpy() for v in variables] + [s.numpy() for s in optimizer.slots["m"] + optimizer.slots["v"]]
+    optimizer.apply_gradients([tf.fill(v.shape, np.inf) for v in variables], apply=tf.constant(False))
+    after = [v.numpy() for v in variables] + [s.numpy() for s in optimizer.slots["m"] + optimizer.slots["v"]]
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(optimizer.iterations) == 2

@@ -15,6 +15,7 @@ correction, decoupled weight decay, exactly the original's):
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Optional, Sequence
 
@@ -31,6 +32,13 @@ CLIP_NORM = 1.0
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 
 OPTIMIZERS = ("adamw", "lamb")
+
+# Variables are updated in groups of consecutive variables holding at most this many elements in
+# all (a larger variable is a group of its own), one XLA call per group: BERT-base's 206 variables
+# in 14 calls instead of 206. The group's new values (variables and slots) exist at once before
+# they are assigned, so the limit bounds that extra memory (8M float32 elements x 3 = 96 MiB; the
+# per-variable update already needs 3 x the largest variable, BERT's 23.4M-element embedding table).
+MAX_GROUP_ELEMENTS = 8 * 1024 * 1024
 
 
 def variable_path(variable) -> str:
@@ -76,6 +84,39 @@ class _Untracked:
         self.value = value
 
 
+def group_variables(sizes: Sequence[Optional[int]], max_group_elements: int) -> list[list[int]]:
+    """Indices of consecutive variables in groups of at most max_group_elements elements in all; a
+    variable larger than that (or of unknown size) is a group of its own; max_group_elements <= 0:
+    one group per variable."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, size in enumerate(sizes):
+        if max_group_elements <= 0 or size is None or not groups or total + size > max_group_elements:
+            groups.append([i])
+            total = max_group_elements + 1 if size is None else size
+        else:
+            groups[-1].append(i)
+            total += size
+    return groups
+
+
+def _unwrap(variable):
+    """The tf.Variable behind a Keras variable (what strategy.extended.update expects)."""
+    if hasattr(variable, "value") and not isinstance(variable, tf.Variable):
+        return variable.value
+    return variable
+
+
+def _groups_allowed(strategy, variables) -> bool:
+    """Whether the grouped update may run in `strategy`'s cross-replica context. Only with one
+    device holding plain variables: strategy.extended.update takes ONE variable and runs the update
+    on each device that holds a copy of it (MirroredStrategy, TPU, multi-worker), so a group's
+    single XLA call would have to be made per device, with each device's copies as inputs: those
+    strategies keep the per-variable update."""
+    return isinstance(strategy, tf.distribute.OneDeviceStrategy) and not any(
+        isinstance(v, tf.distribute.DistributedValues) for v in variables)
+
+
 class _SlotOptimizer(tf.Module):
     """Shared plumbing: per-variable slots, decay exclusions, distributed apply."""
 
@@ -88,6 +129,7 @@ class _SlotOptimizer(tf.Module):
         weight_decay_rate: float,
         exclude_from_weight_decay: Sequence[str],
         name: str,
+        max_group_elements: int = MAX_GROUP_ELEMENTS,
     ):
         super().__init__(name=name)
         self.learning_rate = learning_rate
@@ -113,6 +155,21 @@ class _SlotOptimizer(tf.Module):
         # mode on CPU (BERT-small: 0.13 vs 0.27 s a step, a fifth of a short fine-tuning step).
         self._fused_update = tf.function(self._scaled_update, jit_compile=True, autograph=False,
                                          reduce_retracing=True)
+        # And one XLA call per group of variables (MAX_GROUP_ELEMENTS) instead of one per variable:
+        # fewer launches, and more independent work per call for XLA's threads. BERT-base update
+        # with the global-norm clip on 2 CPU cores: AdamW 232 -> 212 ms, LAMB 389 -> 362 ms; the
+        # first call compiles for ~8 s longer. One tf.function per group, its members' decay flags
+        # bound: each traces once (per `apply` kind).
+        self.max_group_elements = int(max_group_elements)
+        groups = group_variables([v.shape.num_elements() for v in self._variables], self.max_group_elements)
+        if all(len(g) == 1 for g in groups):
+            groups = []  # nothing to group: the per-variable update
+        self._groups = _Untracked(groups)
+        self._group_updates = _Untracked([
+            tf.function(functools.partial(self._group_update, tuple(self._decay[i] for i in g)),
+                        jit_compile=True, autograph=False)
+            for g in groups
+        ])
 
     @property
     def _variables(self):
@@ -139,7 +196,7 @@ class _SlotOptimizer(tf.Module):
         `apply` (bool scalar, optional) skips the update when False (float16
         loss scaling found non-finite gradients); the step still counts.
         """
-        lr = self.current_learning_rate()
+        lr = tf.convert_to_tensor(self.current_learning_rate())
         grad_scale = tf.constant(1.0) if grad_scale is None else tf.cast(grad_scale, tf.float32)
         if apply is not None:
             apply = tf.convert_to_tensor(apply)
@@ -150,10 +207,28 @@ class _SlotOptimizer(tf.Module):
         else:
             self._apply_all(grads, lr, grad_scale, apply)
 
+    def group_tracing_count(self) -> int:
+        """How many times the group update functions were traced (once per group and `apply`
+        kind, None or a tensor, when nothing retraces)."""
+        return sum(f.experimental_get_tracing_count() for f in self._group_updates.value)
+
     def _distributed_apply(self, strategy, grads, lr, grad_scale, apply):
+        variables = [_unwrap(v) for v in self._variables]
+        if self._groups.value and _groups_allowed(strategy, variables):
+            # One device: the group runs there, in the strategy's update context (as
+            # strategy.extended.update runs a single variable's update), colocated with its first member.
+            ops = [
+                strategy.extended.update(
+                    variables[group[0]],
+                    lambda _, k=k: self._apply_group(k, variables, grads, lr, grad_scale, apply),
+                    group=False)
+                for k, group in enumerate(self._groups.value)
+            ]
+            with tf.control_dependencies(tf.nest.flatten(ops)):
+                strategy.extended.update(self.iterations, lambda it: it.assign_add(1), group=False)
+            return
         ops = []
-        for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
-            var = v.value if hasattr(v, "value") and not isinstance(v, tf.Variable) else v
+        for i, (g, var) in enumerate(zip(grads, variables, strict=True)):
             slots = [self.slots[s][i] for s in self.slot_names]
             ops.append(
                 strategy.extended.update(var, self._update, args=(g, lr, grad_scale, apply, self._decay[i], *slots),
@@ -163,6 +238,11 @@ class _SlotOptimizer(tf.Module):
             strategy.extended.update(self.iterations, lambda it: it.assign_add(1), group=False)
 
     def _apply_all(self, grads, lr, grad_scale, apply):
+        if self._groups.value:
+            for k in range(len(self._groups.value)):
+                self._apply_group(k, self._variables, grads, lr, grad_scale, apply)
+            self.iterations.assign_add(1)
+            return
         for i, (g, v) in enumerate(zip(grads, self._variables, strict=True)):
             slots = [self.slots[s][i] for s in self.slot_names]
             self._update(v, g, lr, grad_scale, apply, self._decay[i], *slots)
@@ -177,6 +257,37 @@ class _SlotOptimizer(tf.Module):
         for slot, value in zip(slots, new_slots, strict=True):
             slot.assign(value)
         return var.assign(new_var)
+
+    def _apply_group(self, k, variables, grads, lr, grad_scale, apply):
+        """Updates group k in one XLA call (`_group_update`), then assigns; -> the assign ops."""
+        members = self._groups.value[k]
+        slots = [[self.slots[s][i] for i in members] for s in self.slot_names]
+        new_vars, new_slots = self._group_updates.value[k](
+            [tf.convert_to_tensor(variables[i]) for i in members],
+            [tf.cast(grads[i], tf.float32) for i in members],
+            grad_scale, lr, apply,
+            *[[tf.convert_to_tensor(s) for s in slot] for slot in slots])
+        ops = []
+        for slot, values in zip(slots, new_slots, strict=True):
+            ops += [s.assign(value) for s, value in zip(slot, values, strict=True)]
+        ops += [variables[i].assign(value) for i, value in zip(members, new_vars, strict=True)]
+        return ops
+
+    def _group_update(self, decays, variables, grads, grad_scale, lr, apply, *slots):
+        """The members' `_scaled_update`s in one function (the same ops per member as the
+        per-variable update, so the same numbers; LAMB's trust ratio stays per member); `apply`
+        False keeps the old values. -> (new variables, [new values of each slot])."""
+        new_vars, new_slots = [], [[] for _ in slots]
+        for j, (var, grad, decay) in enumerate(zip(variables, grads, decays, strict=True)):
+            old_slots = [slot[j] for slot in slots]
+            new_var, values = self._scaled_update(var, grad, grad_scale, lr, decay, *old_slots)
+            if apply is not None:
+                new_var = tf.where(apply, new_var, var)
+                values = [tf.where(apply, n, s) for n, s in zip(values, old_slots, strict=True)]
+            new_vars.append(new_var)
+            for out, value in zip(new_slots, values, strict=True):
+                out.append(value)
+        return new_vars, new_slots
 
     def _scaled_update(self, var, grad, grad_scale, lr, decay, *slots):
         return self._compute_update(var, grad * grad_scale, lr, decay, *slots)
@@ -201,9 +312,11 @@ class AdamWeightDecay(_SlotOptimizer):
         epsilon: float = ADAM_EPSILON,
         exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
         name: str = "AdamWeightDecay",
+        max_group_elements: int = MAX_GROUP_ELEMENTS,
     ):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
+        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name,
+                         max_group_elements)
 
     def _compute_update(self, var, grad, lr, decay, m, v):
         next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
@@ -234,9 +347,11 @@ class Lamb(_SlotOptimizer):
         epsilon: float = ADAM_EPSILON,
         exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
         name: str = "Lamb",
+        max_group_elements: int = MAX_GROUP_ELEMENTS,
     ):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name)
+        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name,
+                         max_group_elements)
 
     def _compute_update(self, var, grad, lr, decay, m, v):
         t = tf.cast(self.iterations + 1, tf.float32)
