@@ -95,6 +95,22 @@ def test_tied_logits_gradient_is_the_matmul_gradient():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_tied_word_embedding_gradient_sums_the_lookup_and_the_output_layer(pretrainer, monkeypatch):
+    from bert_tf.models import pretrainer as pretrainer_lib
+
+    f = features(3)
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = pretrainer(f)["loss"]  # no dropout: the same function both times
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, pretrainer.trainable_variables)]
+
+    ours = gradients()
+    monkeypatch.setattr(pretrainer_lib, "_tied", lambda table: (tf.identity(table), tf.identity(table)))
+    for a, b, v in zip(ours, gradients(), pretrainer.trainable_variables, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=v.path)
+
+
 def test_pretraining_losses_and_metrics_follow_the_original(pretrainer):
     f = features()
     logits = {k: v.numpy() for k, v in pretrainer.logits(f).items()}

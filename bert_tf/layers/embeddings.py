@@ -65,10 +65,14 @@ class BertEmbeddings(keras.layers.Layer):
         )
         self.layer_norm.build((None, None, self.hidden_size))
 
-    def call(self, input_ids, segment_ids, training=False):
-        """input_ids, segment_ids: int32 [B, S] -> compute-dtype [B, S, H]."""
+    def call(self, input_ids, segment_ids, training=False, word_table=None):
+        """input_ids, segment_ids: int32 [B, S] -> compute-dtype [B, S, H]. `word_table`:
+        a [V, H] tensor to look words up in instead of the word_embeddings variable."""
         seq_length = ops.shape(input_ids)[1]
-        words = self.word_embeddings(input_ids)  # [B, S, H]
+        if word_table is None:
+            words = self.word_embeddings(input_ids)  # [B, S, H]
+        else:
+            words = ops.take(word_table, input_ids, axis=0)
         segments = self.token_type_embeddings(segment_ids)  # [B, S, H]
         positions = ops.cast(self.position_embeddings[:seq_length], self.compute_dtype)  # [S, H]
         x = words + segments + positions[None, :, :]

@@ -86,13 +86,15 @@ class BertEncoder(keras.Model):
         self.pooler.build((None, self.config.hidden_size))
 
     # --- forward pass
-    def call(self, inputs, training=False, skip_padding=False, output_positions=None):
+    def call(self, inputs, training=False, skip_padding=False, output_positions=None, word_table=None):
         """`skip_padding=True` runs the dense layers on the real tokens only
         (padded positions of sequence_output/encoder_outputs are then zero).
         `output_positions` int [B, P] computes the last block only at [CLS] and
         those positions: the result has `position_output` [B, P, H] instead of
         `sequence_output`, and `encoder_outputs` lacks the last block. Neither
-        changes the outputs at the positions computed.
+        changes the outputs at the positions computed. `word_table` [V, H]
+        (the word-embedding variable's value, in the compute dtype) is looked
+        up instead of reading the variable: the pretrainer ties it to the MLM head.
         """
         for key in INPUT_NAMES:
             if key not in inputs:
@@ -108,7 +110,7 @@ class BertEncoder(keras.Model):
             raise ValueError("a causal encoder computes every position; output_positions needs a bidirectional one")
         segment_ids = ops.cast(inputs["segment_ids"], "int32")
         input_mask = ops.cast(inputs["input_mask"], "int32")
-        x = self.embeddings(input_ids, segment_ids, training=training)  # [B, S, H]
+        x = self.embeddings(input_ids, segment_ids, training=training, word_table=word_table)  # [B, S, H]
         batch = ops.shape(x)[0]
         if skip_padding:
             layout = TokenLayout.real_tokens(input_mask)
