@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from bert_tf.layers.dropout import Dropout, keep_mask
+from bert_tf.layers.dropout import Dropout, apply_keep_mask, seed_words
 from bert_tf.layers.layout import TokenLayout
 
 # Added to the scores of masked positions before the softmax (the original's value).
@@ -36,14 +36,12 @@ def causal_attention_bias(seq_length):
 @tf.function(jit_compile=True, autograph=False)
 def _dropped_softmax_forward(scores, bias, scale, seed, rate):
     probs = tf.nn.softmax(tf.cast(scores, tf.float32) * scale + bias, axis=-1)
-    dropped = tf.where(keep_mask(tf.shape(probs), seed, rate), probs * (1.0 / (1.0 - rate)), 0.0)
-    return tf.cast(dropped, scores.dtype), probs
+    return tf.cast(apply_keep_mask(probs, seed, rate), scores.dtype), probs
 
 
 @tf.function(jit_compile=True, autograph=False)
 def _dropped_softmax_grad(probs, d_dropped, scale, seed, rate, dtype):
-    d_probs = tf.where(keep_mask(tf.shape(probs), seed, rate), tf.cast(d_dropped, tf.float32) * (1.0 / (1.0 - rate)),
-                       0.0)
+    d_probs = apply_keep_mask(tf.cast(d_dropped, tf.float32), seed, rate)
     d_logits = probs * (d_probs - tf.reduce_sum(d_probs * probs, axis=-1, keepdims=True))
     return tf.cast(d_logits * scale, dtype)
 
@@ -52,7 +50,7 @@ def dropped_softmax(scores, bias, scale: float, seed, rate: float):
     """hashed_dropout(softmax(scores * scale + bias), seed, rate) in the dtype of scores, the
     softmax in float32; forward and backward one XLA kernel each (training only: the scaling,
     bias, softmax, dropout and their gradients were ten ops over the [B, N, F, T] scores)."""
-    seed = tf.cast(tf.cast(seed, tf.int64) % (2**32), tf.uint32)
+    seed = seed_words(seed)
 
     @tf.custom_gradient
     def forward(scores):
@@ -136,9 +134,8 @@ class SelfAttention(keras.layers.Layer):
         bias = attention_bias_from_mask(input_mask)  # [B, 1, 1, T]
         if self.causal:
             bias = bias + causal_attention_bias(layout.seq)  # [B, 1, F, T]
-        rate = self.dropout.rate
-        if training and 0 < rate < 1 and isinstance(self.dropout, Dropout):
-            probs = dropped_softmax(scores, bias, scale, self.dropout.seed_generator.next(), float(rate))
+        if self.dropout.fusable(training):
+            probs = dropped_softmax(scores, bias, scale, self.dropout.seed_generator.next(), float(self.dropout.rate))
         else:
             probs = ops.softmax(ops.cast(scores, "float32") * scale + bias, axis=-1)  # [B, N, F, T], float32
             probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)

@@ -47,9 +47,18 @@ def keep_mask(shape, seed, rate: float):
     return tf.reshape(bits >= threshold, shape)
 
 
-@tf.function(jit_compile=True, autograph=False)
-def _apply_mask(x, seed, rate):
+def seed_words(seed):
+    """int [2] of any integer dtype -> uint32 [2] (modulo 2^32), the key of keep_mask."""
+    return tf.cast(tf.cast(seed, tf.int64) % (2**32), _U32)
+
+
+def apply_keep_mask(x, seed, rate: float):
+    """keep_mask applied to x: dropped elements 0, kept ones scaled by 1 / (1 - rate). For use
+    inside the XLA kernels that fuse dropout with its neighbours."""
     return tf.where(keep_mask(tf.shape(x), seed, rate), x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
+
+
+_apply_mask = tf.function(apply_keep_mask, jit_compile=True, autograph=False)
 
 
 def hashed_dropout(x, seed, rate: float):
@@ -58,7 +67,7 @@ def hashed_dropout(x, seed, rate: float):
     seed: int [2] (any integer dtype; taken modulo 2^32). The gradient applies
     the same mask to dy.
     """
-    seed = tf.cast(tf.cast(seed, tf.int64) % (2**32), _U32)
+    seed = seed_words(seed)
 
     @tf.custom_gradient
     def forward(x):
@@ -76,3 +85,7 @@ class Dropout(keras.layers.Dropout):
         if self.rate >= 1:
             return tf.zeros_like(inputs)
         return hashed_dropout(inputs, self.seed_generator.next(), float(self.rate))
+
+    def fusable(self, training) -> bool:
+        """Whether a fused kernel should apply this dropout (training, 0 < rate < 1, no noise_shape)."""
+        return bool(training) and 0 < self.rate < 1 and self.noise_shape is None

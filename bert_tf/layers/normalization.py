@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from bert_tf.layers.dropout import Dropout, keep_mask
+from bert_tf.layers.dropout import Dropout, apply_keep_mask, seed_words
 
 
 def _layer_norm_backward(normalized, inv_std, gamma, dy):
@@ -38,7 +38,7 @@ def _normalize(x, epsilon):
 
 @tf.function(jit_compile=True, autograph=False)
 def _dropout_add_norm_forward(y, residual, seed, gamma, beta, rate, epsilon):
-    dropped = tf.where(keep_mask(tf.shape(y), seed, rate), tf.cast(y, tf.float32) * (1.0 / (1.0 - rate)), 0.0)
+    dropped = apply_keep_mask(tf.cast(y, tf.float32), seed, rate)
     normalized, inv_std = _normalize(tf.cast(residual, tf.float32) + dropped, epsilon)
     return normalized * gamma + beta, normalized, inv_std
 
@@ -46,7 +46,7 @@ def _dropout_add_norm_forward(y, residual, seed, gamma, beta, rate, epsilon):
 @tf.function(jit_compile=True, autograph=False)
 def _dropout_add_norm_grad(normalized, inv_std, gamma, dy, seed, rate, y_dtype, residual_dtype):
     d_sum, d_gamma, d_beta = _layer_norm_backward(normalized, inv_std, gamma, tf.cast(dy, tf.float32))
-    d_y = tf.where(keep_mask(tf.shape(d_sum), seed, rate), d_sum * (1.0 / (1.0 - rate)), 0.0)
+    d_y = apply_keep_mask(d_sum, seed, rate)
     return tf.cast(d_y, y_dtype), tf.cast(d_sum, residual_dtype), d_gamma, d_beta
 
 
@@ -55,7 +55,7 @@ def dropout_add_layer_norm(y, residual, seed, rate: float, gamma, beta, epsilon:
     gradients, with the forward and the backward each one XLA kernel (for training: the
     Transformer block's "add & norm" was a dropout kernel plus eight TensorFlow ops).
     """
-    seed = tf.cast(tf.cast(seed, tf.int64) % (2**32), tf.uint32)
+    seed = seed_words(seed)
 
     @tf.custom_gradient
     def forward(y, residual, gamma, beta):
@@ -86,10 +86,9 @@ class LayerNorm(keras.layers.LayerNormalization):
     def add_and_norm(self, residual, y, dropout, training=False):
         """self(residual + dropout(y)): one XLA kernel each way in training with a hashed `dropout`
         (bert_tf.layers.dropout.Dropout); the plain layers otherwise."""
-        rate = getattr(dropout, "rate", 0)
-        if not training or not 0 < rate < 1 or dropout.noise_shape is not None or not isinstance(dropout, Dropout):
+        if not (isinstance(dropout, Dropout) and dropout.fusable(training)):
             return self(residual + dropout(y, training=training))
-        out = dropout_add_layer_norm(y, residual, dropout.seed_generator.next(), float(rate),
+        out = dropout_add_layer_norm(y, residual, dropout.seed_generator.next(), float(dropout.rate),
                                      tf.convert_to_tensor(self.gamma, tf.float32),
                                      tf.convert_to_tensor(self.beta, tf.float32), self.epsilon)
         return tf.cast(out, self.compute_dtype)
