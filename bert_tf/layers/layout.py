@@ -24,6 +24,7 @@ class TokenLayout:
         self.seq = seq
         self.index = index  # int32 [T]: flat positions b * S + s of the rows, or None for all of them in order
         self.inverse = inverse  # int32 [B * S]: the row at each flat position, T (a zero row) where none
+        self._head_index_cache = {}  # num_heads -> _head_indices (built once per layout)
 
     @classmethod
     def dense(cls, batch, seq):
@@ -86,7 +87,7 @@ class TokenLayout:
     def _head_indices(self, num_heads):
         """int32 [B, N, S]: the [T * N, D] row of each (b, n, s), any real one where s has no row;
         int32 [T, N]: the [B * N * S, D] row of each (t, n). Built once per layout and head count."""
-        cache = self.__dict__.setdefault("_head_index_cache", {})
+        cache = self._head_index_cache
         if num_heads not in cache:
             heads = ops.arange(num_heads, dtype="int32")
             rows = ops.where(self.inverse < ops.shape(self.index)[0], self.inverse, 0)  # [B * S]

@@ -100,6 +100,13 @@ def group_variables(sizes: Sequence[Optional[int]], max_group_elements: int) -> 
     return groups
 
 
+def _unless_skipped(apply, new_var, new_slots, var, slots):
+    """(new_var, new_slots), or the old values where `apply` (bool scalar or None) is False."""
+    if apply is None:
+        return new_var, list(new_slots)
+    return tf.where(apply, new_var, var), [tf.where(apply, n, s) for n, s in zip(new_slots, slots, strict=True)]
+
+
 def _unwrap(variable):
     """The tf.Variable behind a Keras variable (what strategy.extended.update expects)."""
     if hasattr(variable, "value") and not isinstance(variable, tf.Variable):
@@ -251,9 +258,7 @@ class _SlotOptimizer(tf.Module):
     def _update(self, var, grad, lr, grad_scale, apply, decay, *slots):
         new_var, new_slots = self._fused_update(tf.convert_to_tensor(var), tf.cast(grad, tf.float32), grad_scale, lr,
                                                 decay, *[tf.convert_to_tensor(s) for s in slots])
-        if apply is not None:
-            new_var = tf.where(apply, new_var, var)
-            new_slots = [tf.where(apply, n, s) for n, s in zip(new_slots, slots, strict=True)]
+        new_var, new_slots = _unless_skipped(apply, new_var, new_slots, var, slots)
         for slot, value in zip(slots, new_slots, strict=True):
             slot.assign(value)
         return var.assign(new_var)
@@ -281,9 +286,7 @@ class _SlotOptimizer(tf.Module):
         for j, (var, grad, decay) in enumerate(zip(variables, grads, decays, strict=True)):
             old_slots = [slot[j] for slot in slots]
             new_var, values = self._scaled_update(var, grad, grad_scale, lr, decay, *old_slots)
-            if apply is not None:
-                new_var = tf.where(apply, new_var, var)
-                values = [tf.where(apply, n, s) for n, s in zip(values, old_slots, strict=True)]
+            new_var, values = _unless_skipped(apply, new_var, values, var, old_slots)
             new_vars.append(new_var)
             for out, value in zip(new_slots, values, strict=True):
                 out.append(value)
