@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -383,11 +384,13 @@ def main():
                   if lib == "peak" or any(n.startswith("hf-") for n in names)]
     peaks = {p: run(f"{p}-x") for p in peak_names}  # matmul peaks: TensorFlow, and PyTorch if hf-* runs
     rounds = {name: [] for name in names}  # every round's result per variant, rounds interleaved
+    by_round = [{} for _ in range(args.rounds)]  # round -> {variant: result}
     for r in range(args.rounds):
         for name in names:
             result = run(name)
             if result:
                 rounds[name].append(result)
+                by_round[r][name] = result
                 print(f"round {r + 1} {name:18s} {result['seq_per_s']:7.2f} seq/s "
                       f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq  load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
@@ -429,6 +432,18 @@ def main():
         print(f"best ours / best peer ({best_ours_name} / {best_peer_name}): "
               f"{ours[best_ours_name]['seq_per_s'] / best_peer:.2f}x wall-clock, "
               f"{least_peer_cpu / least_ours_cpu:.2f}x by CPU time per sequence")
+    # The same ratio within each round (ours and the peers ran minutes apart, not hours): the
+    # machine's speed drifts 10-20% over a run here, and best-of-rounds can pair one variant's
+    # fast round with another's slow one. The median over rounds is the steadier figure.
+    paired = []
+    for here in by_round:
+        ours_r = [v["seq_per_s"] for k, v in here.items() if k.startswith("ours")]
+        peer_r = [v["seq_per_s"] for k, v in here.items() if k.split("-")[0] in PEERS]
+        if ours_r and peer_r:
+            paired.append(max(ours_r) / max(peer_r))
+    if paired:
+        print(f"best ours / best peer within each round: {', '.join(f'{x:.2f}x' for x in paired)}; "
+              f"median {statistics.median(paired):.2f}x")
     # Same-round ratios of each ours variant to its tfm counterpart (same precision and mode).
     for name in names:
         tfm = "tfm" + name[len("ours"):]
