@@ -383,18 +383,17 @@ def main():
     peak_names = [f"{lib}-{p}" for lib in ("peak", "torchpeak") for p in ("fp32", "bf16")
                   if lib == "peak" or any(n.startswith("hf-") for n in names)]
     peaks = {p: run(f"{p}-x") for p in peak_names}  # matmul peaks: TensorFlow, and PyTorch if hf-* runs
-    rounds = {name: [] for name in names}  # every round's result per variant, rounds interleaved
-    by_round = [{} for _ in range(args.rounds)]  # round -> {variant: result}
+    by_round = [{} for _ in range(args.rounds)]  # round -> {variant: result}, rounds interleaved
     for r in range(args.rounds):
         for name in names:
             result = run(name)
             if result:
-                rounds[name].append(result)
                 by_round[r][name] = result
                 print(f"round {r + 1} {name:18s} {result['seq_per_s']:7.2f} seq/s "
                       f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq  load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
     load_after = os.getloadavg()
+    rounds = {name: [rr[name] for rr in by_round if name in rr] for name in names}  # a variant's results
     # Best round per variant: the highest wall-clock rate, and the least CPU time per sequence
     # (steadier than wall time on a shared machine: it does not count time spent waiting for a core).
     results = {}
@@ -433,7 +432,7 @@ def main():
               f"{ours[best_ours_name]['seq_per_s'] / best_peer:.2f}x wall-clock, "
               f"{least_peer_cpu / least_ours_cpu:.2f}x by CPU time per sequence")
     # The same ratio within each round (ours and the peers ran minutes apart, not hours): the
-    # machine's speed drifts 10-20% over a run here, and best-of-rounds can pair one variant's
+    # machine's speed drifts 10-30% over a run here, and best-of-rounds can pair one variant's
     # fast round with another's slow one. The median over rounds is the steadier figure.
     paired = []
     for here in by_round:
@@ -447,8 +446,8 @@ def main():
     # Same-round ratios of each ours variant to its tfm counterpart (same precision and mode).
     for name in names:
         tfm = "tfm" + name[len("ours"):]
-        if name.startswith("ours") and rounds.get(tfm) and rounds[name]:
-            pairs = list(zip(rounds[name], rounds[tfm], strict=False))  # a failed round shortens one list
+        pairs = [(rr[name], rr[tfm]) for rr in by_round if name in rr and tfm in rr]  # rounds both finished
+        if name.startswith("ours") and pairs:
             print(f"{name} / {tfm} per round: " + ", ".join(
                 f"{a['seq_per_s'] / b['seq_per_s']:.2f}x wall {b['cpu_s_per_seq'] / a['cpu_s_per_seq']:.2f}x CPU"
                 for a, b in pairs))
