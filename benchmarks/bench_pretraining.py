@@ -4,9 +4,10 @@ tf-models-official's BertPretrainerV2 and transformers' BertForPreTraining are t
 Sequences/s of full training steps (forward, backward, global-norm clipping,
 AdamW update) at BERT-small (L4/H512/A8, vocab 30522) by default, batch 32, seq
 128, 20 masked positions, ~15% padding, synthetic data held in memory (the same
-batches for every variant). Every variant runs in its own subprocess (fresh
-TensorFlow or PyTorch, dtype policy and thread pools), with `--steps` steps per
-host call; the first call (tracing / XLA or torch.compile compilation) is not timed.
+batches for every variant, one per step of a host call). Every variant runs in
+its own subprocess (fresh TensorFlow or PyTorch, dtype policy and thread pools),
+with `--steps` steps per host call; the first call (tracing / XLA or
+torch.compile compilation) is not timed.
 
 Variants, `{impl}-{precision}-{mode}`:
   ours-*   our Trainer (bert_tf), graph or xla, fp32 or bf16 (mixed precision)
@@ -77,6 +78,13 @@ def synthetic_batches(batch, seq, preds, num=4, seed=0):
     return out
 
 
+def _batches(args):
+    """One batch per step of a host call, the same for every variant: the untimed first call sees each
+    of them, so the timed calls measure the steady state. (Ours compiles its fused kernels and oneDNN
+    its matmuls once per padded row count; in a real run that happens for the first few dozen steps.)"""
+    return synthetic_batches(args.batch, args.seq, args.preds, num=args.steps)
+
+
 def _dataset(batches):
     import tensorflow as tf
 
@@ -115,7 +123,7 @@ def run_ours(args, precision, xla):
 
     layers, hidden = SIZES[args.size]
     config = BertConfig.named(args.size, vocab_size=VOCAB)
-    batches = synthetic_batches(args.batch, args.seq, args.preds)
+    batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
         train_config = loop.TrainConfig(
             model_dir=model_dir, train_steps=args.steps * (args.loops + 1), global_batch_size=args.batch,
@@ -181,7 +189,7 @@ def run_tfm(args, precision, xla):
     layers, hidden = SIZES[args.size]
     model = tfm_pretrainer(args.size, precision != "float32")
     optimizer = tf_keras.optimizers.AdamW(learning_rate=1e-4, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0)
-    batches = synthetic_batches(args.batch, args.seq, args.preds)
+    batches = _batches(args)
     iterator = iter(_dataset(batches))
 
     def loss_fn(batch):
@@ -238,7 +246,7 @@ def run_hf(args, bf16, compile_):
          dict(params=[p for p in params if id(p) in no_decay], weight_decay=0.0)],
         lr=1e-4, eps=1e-6, fused=True)  # fused: fastest of fused/foreach on this CPU
     batches = [{k: torch.from_numpy(v).long() if v.dtype.kind == "i" else torch.from_numpy(v)
-                for k, v in b.items()} for b in synthetic_batches(args.batch, args.seq, args.preds)]
+                for k, v in b.items()} for b in _batches(args)]
 
     def loss_fn(batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

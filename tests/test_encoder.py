@@ -129,6 +129,43 @@ def test_skip_padding_gradients_match(encoder):
                                    err_msg=v.path)
 
 
+def test_skip_padding_rounds_the_row_count_up_to_a_few_sizes():
+    from bert_tf.layers.layout import TokenLayout
+
+    _, mask = _ragged_inputs()  # 22 real positions of 3 * 12
+    layout = TokenLayout.real_tokens(mask)
+    index, owned = layout.index.numpy(), layout.owned.numpy()
+    assert len(index) == 24 and (owned < 36).sum() == 22  # a multiple of 8; 2 spare rows
+    assert list(index[owned == 36]) == list(np.flatnonzero(mask.reshape(-1) == 0)[:2])  # first padded positions
+    np.testing.assert_array_equal(np.sort(index), index)
+    counts = set()
+    for real in range(1, 33):  # every count of real positions in a [4, 8] batch ([CLS] is always a row)
+        m = (np.arange(32) < real).reshape(4, 8).astype("int32")
+        m[:, 0] = 1
+        layout = TokenLayout.real_tokens(m, buckets=4)
+        rows, num_real = layout.index.shape[0], int((layout.owned.numpy() < 32).sum())
+        assert num_real == m.sum() and rows == min(-(-num_real // 8) * 8, 32)
+        counts.add(rows)
+    assert counts == {8, 16, 24, 32}
+
+
+def test_skip_padding_gradients_match_when_the_loss_reads_padding(encoder):
+    """Padded outputs are constant zeros under skip_padding: a loss that reads them must put no gradient
+    into the weights through them (nor through the spare rows that copy a padded position)."""
+    x, mask = _ragged_inputs()
+    weights = np.random.default_rng(3).normal(size=(3, 12, CONFIG.hidden_size)).astype("float32")
+    grads = []
+    for skip, w in ((False, weights * mask[..., None]), (True, weights)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(encoder(x, skip_padding=skip)["sequence_output"] * w)
+        grads.append(tape.gradient(loss, encoder.trainable_variables))
+    for a, b, v in zip(*grads, encoder.trainable_variables, strict=True):
+        assert (a is None) == (b is None) == v.path.startswith("bert/pooler"), v.path
+        if a is not None:
+            np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-4, rtol=1e-4,
+                                       err_msg=v.path)
+
+
 def test_segments_and_positions_matter(encoder):
     x = make_inputs(batch=1, seq=8)
     base = encoder(x)["sequence_output"].numpy()

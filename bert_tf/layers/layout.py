@@ -7,6 +7,13 @@ with `TokenLayout.real_tokens(mask)` they are only the real tokens, so the
 dense layers skip the padding (about 15% of the work on pretraining data) and
 the results at real tokens are the same.
 
+The real-token row count is rounded up to one of at most `ROW_BUCKETS` sizes
+per batch shape. Every distinct row count is a new shape for the XLA kernels
+(compiled per shape) and for oneDNN's matmul primitives (created per shape):
+at BERT-base batch 8 a step with an unseen count took ~1.4 s longer, and real
+data gives a new count on most steps for a long time. The spare rows copy a
+padded position, nothing reads them, and they get no gradient.
+
 Dimensions: B batch, S sequence, T rows, C channels.
 """
 
@@ -15,15 +22,18 @@ from __future__ import annotations
 import tensorflow as tf
 from keras import ops
 
+ROW_BUCKETS = 64  # distinct real-token row counts per [B, S]; each wastes at most 1/64 of B * S rows
+
 
 class TokenLayout:
     """Maps [T, C] rows to the [B, S, C] grid and back."""
 
-    def __init__(self, batch, seq, index=None, inverse=None):
+    def __init__(self, batch, seq, index=None, inverse=None, owned=None):
         self.batch = batch
         self.seq = seq
         self.index = index  # int32 [T]: flat positions b * S + s of the rows, or None for all of them in order
         self.inverse = inverse  # int32 [B * S]: the row at each flat position, T (a zero row) where none
+        self.owned = owned  # int32 [T]: index, but B * S at spare rows (copies of a position that has no row)
         self._head_index_cache = {}  # num_heads -> _head_indices (built once per layout)
 
     @classmethod
@@ -31,22 +41,31 @@ class TokenLayout:
         return cls(batch, seq)
 
     @classmethod
-    def real_tokens(cls, input_mask):
-        """Rows for the positions where input_mask [B, S] is 1, and every sequence's
-        first position ([CLS], read by the pooler, even in an all-padding row), in row-major order."""
+    def real_tokens(cls, input_mask, buckets=ROW_BUCKETS):
+        """Rows for the positions where input_mask [B, S] is 1 and every sequence's first position
+        ([CLS], read by the pooler, even in an all-padding row), plus spare rows at the first positions
+        without one, up to the next multiple of ceil(B * S / buckets) rounded up to 8 (at most B * S);
+        in row-major order. Static shapes apart from the row count, so XLA can compile it too."""
         batch, seq = ops.shape(input_mask)[0], ops.shape(input_mask)[1]
         first = ops.arange(seq, dtype="int32")[None, :] == 0
         flat = ops.reshape(ops.logical_or(ops.not_equal(input_mask, 0), first), (-1,))
-        index = ops.cast(ops.reshape(ops.where(flat), (-1,)), "int32")
-        rows_before = ops.cumsum(ops.cast(flat, "int32")) - 1  # row order = row-major order
-        inverse = ops.where(flat, rows_before, ops.shape(index)[0])
-        return cls(batch, seq, index, inverse)
+        num_real = ops.sum(ops.cast(flat, "int32"))
+        total = batch * seq
+        step = ((total + buckets - 1) // buckets + 7) // 8 * 8
+        num_rows = ops.minimum((num_real + step - 1) // step * step, total)
+        spare = ops.logical_and(ops.logical_not(flat),
+                                ops.cumsum(ops.cast(ops.logical_not(flat), "int32")) <= num_rows - num_real)
+        selected = ops.logical_or(flat, spare)
+        index = ops.cast(ops.reshape(ops.where(selected), (-1,)), "int32")
+        rows_before = ops.cumsum(ops.cast(selected, "int32")) - 1  # row order = row-major order
+        inverse = ops.where(flat, rows_before, num_rows)
+        return cls(batch, seq, index, inverse, owned=ops.where(ops.take(flat, index, axis=0), index, total))
 
     def to_grid(self, rows):
         """[T, C] -> [B, S, C]; positions without a row are zero."""
         channels = ops.shape(rows)[-1]
         if self.index is not None:
-            rows = _rows_to_grid(rows, self.index, self.inverse)
+            rows = _rows_to_grid(rows, self.owned, self.inverse)
         return ops.reshape(rows, (self.batch, self.seq, channels))
 
     def to_rows(self, grid):
@@ -101,29 +120,31 @@ class TokenLayout:
     def rows_of(self, positions):
         """positions int [B, P] -> int32 [B * P]: the row holding each (b, positions[b, p]).
 
-        A position with no row (padding) maps to the zero-row index T; callers
-        give such positions zero weight, as the original's padded predictions.
+        A position with no row (padding) maps to row 0 (a [CLS]); callers give
+        such positions zero weight, as the original's padded predictions.
         """
         positions = ops.cast(positions, "int32")
         flat = ops.reshape(positions + ops.arange(self.batch, dtype="int32")[:, None] * self.seq, (-1,))
         if self.index is None:
             return flat
-        return ops.minimum(ops.take(self.inverse, flat, axis=0), ops.shape(self.index)[0] - 1)
+        rows = ops.take(self.inverse, flat, axis=0)
+        return ops.where(rows < ops.shape(self.index)[0], rows, 0)
 
 
-# Both directions are gathers (multi-threaded copies), and each is the other's gradient: the rows
-# and the real grid positions correspond one to one. TensorFlow's own ScatterNd (and the gradient of
-# a gather, a segment sum) made skipping padding cost 13% at BERT-base when a batch had none.
+# Both directions are gathers (multi-threaded copies), and each is the other's gradient: the real
+# rows and the grid positions that have a row correspond one to one, and nothing reads a spare row,
+# so spare rows get no gradient. TensorFlow's own ScatterNd (and the gradient of a gather, a segment
+# sum) made skipping padding cost 13% at BERT-base when a batch had none.
 def _padded(rows):
     return ops.concatenate([rows, ops.zeros((1, ops.shape(rows)[-1]), rows.dtype)], axis=0)
 
 
 @tf.custom_gradient
-def _rows_to_grid(rows, index, inverse):
-    """rows [T, C] -> flat grid [B * S, C]."""
+def _rows_to_grid(rows, owned, inverse):
+    """rows [T, C] -> flat grid [B * S, C]; `owned` [T] is each row's flat position, B * S for spare rows."""
 
     def grad(d_grid):
-        return tf.gather(d_grid, index), None, None
+        return tf.gather(_padded(d_grid), owned), None, None
 
     return tf.gather(_padded(rows), inverse), grad
 
@@ -139,7 +160,9 @@ def _grid_to_rows(grid, index, inverse):
 
 
 # The head layout's two gathers: real (b, n, s) and (t, n) correspond one to one, so each
-# direction's gradient is the other gather; positions without a row get no gradient.
+# direction's gradient is the other gather; positions without a row get no gradient. A spare row's
+# (t, n) copies a padded position, whose head-layout gradient is exactly zero (padded keys get zero
+# attention weight, padded queries no gradient), so it gets none either.
 @tf.custom_gradient
 def _rows_to_heads(flat_rows, grid_index, rows_index):
     """[T * N, D] -> [B, N, S, D]."""
