@@ -81,6 +81,22 @@ def test_in_graph_tokenizer_matches_full_tokenizer_on_hard_cases(tmp_path, lower
     assert FullTokenizer(vocab_file, do_lower_case=lower).tokenize("a" * 201) == ["[UNK]"]
 
 
+def test_in_graph_tokenizers_in_one_process_never_share_a_vocab_table(tmp_path):
+    # Regression: a table named after its vocab Asset's repr was shared with a freed tokenizer whose
+    # Asset had the same address, so a new tokenizer looked words up in an older vocab (CI, 1 run in 5).
+    vocabs = [_write_vocab(tmp_path / f"v{i}.txt", ["[PAD]", "[UNK]"] + ["x"] * i + ["hello", "world"])
+              for i in range(2)]
+    wrong = []
+    for step in range(60):
+        i = step % 2
+        tok = InGraphTokenizer(vocabs[i])
+        got = tok.tokenize(tf.constant([b"hello world"])).to_list()[0]
+        if got != [2 + i, 3 + i]:
+            wrong.append((step, got))
+        del tok
+    assert not wrong, f"{len(wrong)} of 60 tokenizers used another vocab, first: {wrong[:3]}"
+
+
 def test_in_graph_tokenizer_drops_invalid_utf8_like_the_original(tmp_path):
     texts = [b"caf\xc3\xa9 \xff\xfebad \xe4\xb8 ok", b"a\xc3b c", b"\xed\xa0\x80x"]
     vocab_file = _write_vocab(tmp_path / "vocab.txt", _vocab_for([t.decode("utf-8", "ignore") for t in texts], True))

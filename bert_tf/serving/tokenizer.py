@@ -160,12 +160,12 @@ class InGraphTokenizer(tf.Module):
             tf.lookup.TextFileInitializer(
                 self.vocab_file, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
                 tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER),
-            default_value=-1)
+            default_value=-1, experimental_is_anonymous=True)
         self.id_to_token = tf.lookup.StaticHashTable(
             tf.lookup.TextFileInitializer(
                 self.vocab_file, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
                 tf.string, tf.lookup.TextFileIndex.WHOLE_LINE),
-            default_value=UNK_TOKEN)
+            default_value=UNK_TOKEN, experimental_is_anonymous=True)
 
     # ------------------------------------------------------------------ stages
     @staticmethod
