@@ -21,6 +21,13 @@ Variants, `{impl}-{precision}-{mode}`:
   python benchmarks/bench_pretraining.py --size=base --batch=8
   python benchmarks/bench_pretraining.py --variants=ours-bf16-graph,tfm-bf16-graph,hf-bf16-eager
   python benchmarks/bench_pretraining.py --variants=ours-fp32-graph,tfm-fp32-graph --rounds=3 --steps=2
+  python benchmarks/bench_pretraining.py --input_file=pretraining_data/*.tfrecord --steps=10
+
+With --input_file every variant trains on the first (--loops + 1) x --steps batches of real
+pretraining records (file order, read once through run_pretraining's pipeline), a new batch
+each step, so the timed calls also pay what a real run pays for batches it has not seen (new
+shapes for ours) and the padding is the data's own; --seq and --preds come from the records.
+The ids must fit the benchmark's vocab of 30522 (any BERT uncased or cased vocab does).
 
 Also reports model FLOPs utilisation against a measured matmul peak of the same
 precision (TensorFlow's for ours/tfm, PyTorch's for hf), the mean loss of the
@@ -79,10 +86,44 @@ def synthetic_batches(batch, seq, preds, num=4, seed=0):
 
 
 def _batches(args):
-    """One batch per step of a host call, the same for every variant: the untimed first call sees each
-    of them, so the timed calls measure the steady state. (Ours compiles its fused kernels and oneDNN
-    its matmuls once per padded row count; in a real run that happens for the first few dozen steps.)"""
+    """The batches every variant trains on, in the same order.
+
+    Synthetic: one batch per step of a host call; the untimed first call sees each of them, so the
+    timed calls measure the steady state. (Ours compiles its fused kernels and oneDNN its matmuls
+    once per padded row count; in a real run that happens for the first few dozen steps.)
+    --input_file: real batches read once by the parent (`read_real_batches`), a new one every step,
+    so the timed calls also pay for whatever a real run pays on batches it has not seen."""
+    if args.batches_file:
+        import numpy as np
+
+        with np.load(args.batches_file) as stacked:
+            return [{k: stacked[k][i] for k in stacked.files} for i in range(len(stacked["input_ids"]))]
     return synthetic_batches(args.batch, args.seq, args.preds, num=args.steps)
+
+
+def read_real_batches(input_file, batch, num, out_path):
+    """The first `num` batches of pretraining TFRecords (file order, no shuffling), read through
+    run_pretraining's own pipeline and saved stacked to `out_path` (.npz); returns their shape and padding."""
+    import numpy as np
+
+    from bert_tf.data import pipelines, schema
+
+    files = pipelines.expand_input_files(input_file)
+    lengths = schema.inspect_record_file(files[0])
+    seq, preds = lengths["max_seq_length"], lengths["max_predictions_per_seq"]
+    for path in files[1:]:
+        pipelines.check_record_lengths(path, seq, preds)
+    dataset = pipelines.pretraining_dataset(files, seq, preds, batch, is_training=False)
+    batches = [{k: v.numpy() for k, v in b.items()} for b in dataset.take(num)]
+    if len(batches) < num:
+        raise pipelines.InputDataError(
+            f"{input_file}: {len(batches)} full batches of {batch}, the run needs {num} (--steps x (--loops + 1))")
+    largest = max(int(b["input_ids"].max()) for b in batches)
+    if largest >= VOCAB:
+        raise pipelines.InputDataError(f"{input_file}: token id {largest} is outside the benchmark's vocab of {VOCAB}")
+    np.savez(out_path, **{k: np.stack([b[k] for b in batches]) for k in batches[0]})
+    real = [int(b["input_mask"].sum()) for b in batches]
+    return dict(seq=seq, preds=preds, padding=1 - sum(real) / (num * batch * seq), distinct_rows=len(set(real)))
 
 
 def _dataset(batches):
@@ -333,6 +374,13 @@ def torch_matmul_peak(dtype_name, n=1024, reps=8, trials=3):
 
 def worker(args):
     impl, precision, mode = args.worker.split("-")
+    if impl == "read":
+        try:
+            real = read_real_batches(args.input_file, args.batch, args.steps * (args.loops + 1), args.batches_file)
+        except ValueError as e:  # InputDataError and the schema's errors name the file
+            sys.exit(str(e).splitlines()[0])
+        print("RESULT" + json.dumps(real))
+        return
     if impl == "torchpeak":  # no TensorFlow in the PyTorch processes
         print("RESULT" + json.dumps(dict(flops=torch_matmul_peak(precision))))
         return
@@ -363,31 +411,52 @@ def main():
                         help="run the variant list this many times, interleaved, and keep each variant's best")
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="TensorFlow inter-op threads in every variant (1 ran ~1.5x faster on a 2-core CPU)")
+    parser.add_argument("--input_file", default=None,
+                        help="pretraining TFRecords (comma-separated globs, as run_pretraining.py): every variant "
+                             "trains on their first batches, a new one each step; --seq and --preds come from the data")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batches_file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    names = list(dict.fromkeys(args.variants.split(",")))
+    unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
-    base = [sys.executable, os.path.abspath(__file__)] + [
-        f"--{k}={getattr(args, k)}" for k in ("size", "batch", "seq", "preds", "steps", "loops", "inter_op_threads")]
+    keys = ("size", "batch", "seq", "preds", "steps", "loops", "inter_op_threads", "input_file", "batches_file")
 
-    def run(name):
-        proc = subprocess.run(base + [f"--worker={name}"], capture_output=True, text=True, env=env)
+    def run(name, fatal=False):
+        command = [sys.executable, os.path.abspath(__file__), f"--worker={name}"] + [
+            f"--{k}={getattr(args, k)}" for k in keys if getattr(args, k) is not None]
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
         if proc.returncode != 0 or "RESULT" not in proc.stdout:
+            if fatal:  # the worker's last line is its one-line error
+                sys.exit(f"{name}: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
             print(f"{name}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             return None
         return json.loads(proc.stdout.split("RESULT", 1)[1])
 
+    with tempfile.TemporaryDirectory() as tmp:
+        data = f"synthetic, {PAD_FRACTION:.0%} padding on average"
+        if args.input_file:
+            args.batches_file = os.path.join(tmp, "batches.npz")
+            real = run("read-x-x", fatal=True)
+            args.seq, args.preds = real["seq"], real["preds"]
+            data = (f"{args.input_file}: {args.steps * (args.loops + 1)} batches in file order, {real['padding']:.0%} "
+                    f"padding, {real['distinct_rows']} distinct real-token counts")
+        report(args, names, run)
+        print(f"data: {data}")
+
+
+def report(args, names, run):
+    """Runs the matmul peaks and the variants (interleaved rounds) and prints the comparison."""
     load_before = os.getloadavg()
     started = time.time()
-    names = list(dict.fromkeys(args.variants.split(",")))
     peak_names = [f"{lib}-{p}" for lib in ("peak", "torchpeak") for p in ("fp32", "bf16")
                   if lib == "peak" or any(n.startswith("hf-") for n in names)]
     peaks = {p: run(f"{p}-x") for p in peak_names}  # matmul peaks: TensorFlow, and PyTorch if hf-* runs
