@@ -77,10 +77,17 @@ def test_trains_checkpoints_and_summarizes(full_run):
     assert set(result) == {"loss", "mae", "weighted"}
     events = os.listdir(os.path.join(model_dir, "train"))
     assert events and events[0].startswith("events.out.tfevents")
-    tags = set()
+    tags, lr = set(), {}
     for e in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, "train", events[0])):
         tags.update(v.tag for v in e.summary.value)
+        for v in e.summary.value:
+            if v.tag == "learning_rate":
+                lr[e.step] = float(tf.make_ndarray(v.tensor))
     assert {"loss", "mae", "learning_rate", "gradient_norm", "examples_per_second"} <= tags
+    # Logged with step s: the rate step s used (peak 0.05, 2 warmup steps, linear decay over 12 from step 0;
+    # step s applies the update after s - 1 updates). Not the rate of the loop's first step.
+    assert lr == pytest.approx({3: 0.05 * (1 - 2 / 12), 6: 0.05 * (1 - 5 / 12), 9: 0.05 * (1 - 8 / 12),
+                                12: 0.05 * (1 - 11 / 12)})
 
 
 def test_resume_continues_the_same_trajectory(full_run, tmp_path):

@@ -487,7 +487,6 @@ class Trainer:
             while step < c.train_steps:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
                 n = min(c.steps_per_loop, c.train_steps - step, next_save - step)
-                lr = float(self.optimizer.current_learning_rate().numpy())
                 loop_start = time.time()
                 losses, sums, grad_norm = train_loop(iterator, tf.constant(n, tf.int32))
                 losses = losses.numpy()
@@ -499,6 +498,7 @@ class Trainer:
                         f"(last good checkpoint: {manager.latest_checkpoint or 'none'})"
                     )
                 step += n
+                lr = float(self.optimizer.last_learning_rate().numpy())  # that of step `step`, logged with it
                 result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
                 result["loss"] = float(losses.mean())
                 examples_per_sec = n * c.global_batch_size / max(elapsed, 1e-9)

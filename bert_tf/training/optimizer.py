@@ -193,6 +193,10 @@ class _SlotOptimizer(tf.Module):
     def current_learning_rate(self) -> tf.Tensor:
         return self.learning_rate(self.iterations)
 
+    def last_learning_rate(self) -> tf.Tensor:
+        """The rate the most recent update used (the first step's before any update)."""
+        return self.learning_rate(tf.maximum(self.iterations - 1, 0))
+
     def apply_gradients(self, grads, apply=None, grad_scale=None) -> None:
         """Applies one update with grads * grad_scale (a float32 scalar, e.g. the global-norm clip
         factor: multiplied inside each variable's fused update instead of a pass of its own over
