@@ -83,7 +83,8 @@ def test_in_graph_tokenizer_matches_full_tokenizer_on_hard_cases(tmp_path, lower
 
 def test_in_graph_tokenizers_in_one_process_never_share_a_vocab_table(tmp_path):
     # Regression: a table named after its vocab Asset's repr was shared with a freed tokenizer whose
-    # Asset had the same address, so a new tokenizer looked words up in an older vocab (CI, 1 run in 5).
+    # Asset had the same address, so a new tokenizer looked words up in an older vocab (failed one CI
+    # run; 7 of 50 builds in alternation before the fix).
     vocabs = [_write_vocab(tmp_path / f"v{i}.txt", ["[PAD]", "[UNK]"] + ["x"] * i + ["hello", "world"])
               for i in range(2)]
     wrong = []

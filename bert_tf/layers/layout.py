@@ -11,8 +11,9 @@ The real-token row count is rounded up to one of at most `ROW_BUCKETS` sizes
 per batch shape. Every distinct row count is a new shape for the XLA kernels
 (compiled per shape) and for oneDNN's matmul primitives (created per shape):
 at BERT-base batch 8 a step with an unseen count took 0.37 s (15%) longer even
-after warm-up, and real data gives a new count on most steps for a long time. The spare rows copy a
-padded position, nothing reads them, and they get no gradient.
+after warm-up, and real data gives a new count on most steps for a long time.
+The spare rows copy a padded position, nothing reads them, and they get no
+gradient.
 
 Dimensions: B batch, S sequence, T rows, C channels.
 """
