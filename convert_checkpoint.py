@@ -9,9 +9,15 @@
   # ours -> original TF1 names, loadable by the original run_classifier.py / run_squad.py
   python convert_checkpoint.py --input_checkpoint=model_dir/ckpt-10000 --bert_config_file=model_dir/bert_config.json \
       --output_checkpoint=export/bert_model.ckpt --output_format=tf1
+  # a bert_tf model dir (pretrained or fine-tuned) or an original checkpoint -> a Hugging Face folder
+  python convert_checkpoint.py --input_checkpoint=model_dir --output_checkpoint=hf_model --output_format=hf
 
 The heads the input has (MLM/NSP, a classifier, SQuAD) are carried across.
-bert_config.json and vocab.txt are written beside the output.
+bert_config.json and vocab.txt are written beside a tf1/ours output; an hf output is a
+folder with model.safetensors, config.json, vocab.txt (and tokenizer_config.json when the
+casing is known) that `transformers` loads with from_pretrained. --bert_config_file may be
+an original bert_config.json or a Hugging Face config.json; it defaults to the one beside
+the input.
 """
 
 import sys
@@ -21,13 +27,18 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
-    "input_checkpoint", None, "Input: a TF1/our checkpoint prefix or folder, or a HF folder/.safetensors."
+    "input_checkpoint", None,
+    "Input: a TF1/our checkpoint prefix or folder (a bert_tf model dir), or a HF folder/.safetensors."
 )
 flags.DEFINE_enum("input_format", "auto", ["auto", "tf1", "hf", "ours"], "Format of --input_checkpoint.")
-flags.DEFINE_string("output_checkpoint", None, "Output checkpoint prefix, e.g. out/bert_model.ckpt.")
-flags.DEFINE_enum("output_format", "ours", ["ours", "tf1"], "Format to write.")
+flags.DEFINE_string("output_checkpoint", None,
+                    "Output checkpoint prefix, e.g. out/bert_model.ckpt; for --output_format=hf, a folder.")
+flags.DEFINE_enum("output_format", "ours", ["ours", "tf1", "hf"],
+                  "Format to write. tf1 of a gelu_exact model says gelu (tanh) with a warning: the original "
+                  "cannot run the erf GELU.")
 flags.DEFINE_string(
-    "bert_config_file", None, "bert_config.json of the input (required for tf1 and ours; HF reads config.json)."
+    "bert_config_file", None,
+    "bert_config.json (or a Hugging Face config.json) of the input; default: the one beside the input."
 )
 flags.DEFINE_string("vocab_file", None, "vocab.txt to copy beside the output (default: the one beside the input).")
 flags.mark_flags_as_required(["input_checkpoint", "output_checkpoint"])

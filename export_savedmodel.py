@@ -8,6 +8,8 @@
   python export_savedmodel.py --init_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
       --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
       --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --do_lower_case=True --export_dir=export/encoder
+  # a Hugging Face folder: its config.json and vocab.txt are found there
+  python export_savedmodel.py --init_checkpoint=all-MiniLM-L6-v2/ --export_dir=export/minilm
   # the same signatures with the Transformer blocks' dense layers in dynamic int8 (x86 TensorFlow with oneDNN)
   python export_savedmodel.py --model_dir=out/mrpc --export_dir=export/mrpc_int8 --quantize=int8
 
@@ -26,8 +28,9 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned (or pretraining) model_dir to export.")
 flags.DEFINE_string("init_checkpoint", None, "Or: a pretrained checkpoint (TF1, Hugging Face, ours); exports the encoder.")
-flags.DEFINE_string("bert_config_file", None, "bert_config.json for --init_checkpoint.")
-flags.DEFINE_string("vocab_file", None, "vocab.txt for --init_checkpoint.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json (or a Hugging Face config.json) for "
+                    "--init_checkpoint; default: the one beside it.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt for --init_checkpoint; default: the one beside it.")
 flags.DEFINE_bool("do_lower_case", True, "Casing for --init_checkpoint (a model_dir records its own).")
 flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (written to a temporary name, then renamed).")
 flags.DEFINE_integer("max_seq_length", None,

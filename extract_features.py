@@ -26,7 +26,7 @@ flags.DEFINE_string("layer_combination", None, "Combine layers into one vector p
                     "layer:<index>, sum_last:<k>, concat_last:<k> or scalar_mix.")
 flags.DEFINE_list("scalar_mix_weights", None, "--layer_combination=scalar_mix: one weight per layer, first to "
                   "last (default 1/num_layers each).")
-flags.DEFINE_string("bert_config_file", None, "bert_config.json of the pretrained model.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json (or a Hugging Face config.json) of the pretrained model.")
 flags.DEFINE_integer("max_seq_length", 128, "Maximum total input length in WordPiece tokens (truncated beyond).")
 flags.DEFINE_string("init_checkpoint", None, "Pretrained weights: TF1 checkpoint, ours, or a Hugging Face folder.")
 flags.DEFINE_string("vocab_file", None, "The vocabulary file the model was trained with.")

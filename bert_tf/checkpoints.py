@@ -1,14 +1,16 @@
 """Checkpoint interop: original TF1 checkpoints and Hugging Face BERT weights <-> our Keras model.
 
 One name map (`tf1_variable_map`) ties every variable of our models to its
-original TF1 name (REFERENCE.md §2). Hugging Face names are derived from the
-TF1 names (`hf_name`), so there is nothing else to keep in sync.
+original TF1 name (as the original's modeling.py and heads create them). Hugging
+Face names are derived from the TF1 names (`hf_name`), so there is nothing else
+to keep in sync.
 
 Formats:
   tf1  - `bert_model.ckpt` style: `<prefix>.index` + `<prefix>.data-*`, original names,
          float32, dense kernels [in, out]; Adam slots and `global_step` are skipped.
   hf   - `model.safetensors` (a file, or a folder that holds it and `config.json`);
-         Linear weights are [out, in].
+         Linear weights are [out, in]. Read, and written by `write_hf_checkpoint`
+         (config.json "gelu" is the erf GELU there: hidden_act "gelu_exact" here).
   ours - a TF2 object-based checkpoint, `tf.train.Checkpoint(model=model)`
          (CHECKPOINT_MODEL_KEY), as written by the training loop.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from typing import Any, Dict, Mapping, Optional
@@ -24,6 +27,8 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from bert_tf.configs import BertConfig, ConfigError
+
+logger = logging.getLogger(__name__)
 
 # Our own checkpoints hold the model under this key: tf.train.Checkpoint(model=model).
 CHECKPOINT_MODEL_KEY = "model"
@@ -253,44 +258,19 @@ def _hf_files(path: str):
     return path, (config if os.path.exists(config) else None)
 
 
-# HF activation names: "gelu" is the exact erf GELU there; ours (the original's) is the tanh
-# approximation. The difference is in the 4th decimal of activations (REFERENCE.md §3).
-_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu", "tanh": "tanh"}
-# Layer-norm epsilon our LayerNorm uses; HF configs say it as layer_norm_eps.
-_LAYER_NORM_EPSILON = 1e-12
-
-
 def hf_config_to_bert_config(config) -> BertConfig:
-    """A `BertConfig` from a Hugging Face BERT `config.json` (path) or its dict."""
-    source = "config"
+    """A `BertConfig` from a Hugging Face BERT `config.json` (a path, its folder, or the dict).
+
+    Hugging Face's "gelu" is the exact erf GELU ("gelu_exact" here); see `BertConfig.from_dict`.
+    """
     if isinstance(config, (str, os.PathLike)):
-        source = str(config)
-        if os.path.isdir(source):
-            source = os.path.join(source, "config.json")
-        if not os.path.exists(source):
-            raise ConfigError(f"{source}: Hugging Face config.json not found")
-        with open(source, encoding="utf-8") as f:
-            try:
-                config = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    model_type = config.get("model_type", "bert")
-    if model_type != "bert":
-        raise ConfigError(f"{source}: model_type is {model_type!r}; only BERT models can be loaded")
-    if config.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError(f"{source}: position_embedding_type {config['position_embedding_type']!r} is not supported")
-    eps = config.get("layer_norm_eps", _LAYER_NORM_EPSILON)
-    if abs(eps - _LAYER_NORM_EPSILON) > 1e-15:
-        raise ConfigError(f"{source}: layer_norm_eps {eps} is not supported (expected {_LAYER_NORM_EPSILON})")
-    act = config.get("hidden_act", "gelu")
-    if act not in _HF_ACTIVATIONS:
-        raise ConfigError(
-            f"{source}: hidden_act {act!r} is not supported; expected one of {', '.join(_HF_ACTIVATIONS)}"
-        )
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    values = {k: v for k, v in config.items() if k in fields}
-    values["hidden_act"] = _HF_ACTIVATIONS[act]
-    return BertConfig.from_dict(values, source=source)
+        path = str(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"{path}: Hugging Face config.json not found")
+        return BertConfig.from_json_file(path, hf=True)
+    return BertConfig.from_dict(config, hf=True)
 
 
 _HF_IGNORED = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
@@ -435,6 +415,112 @@ def load_checkpoint(model, path: str) -> None:
         raise CheckpointError(f"{path}: checkpoint does not match the model built from bert_config ({first})") from None
 
 
+# ------------------------------------------------------------------ writing Hugging Face
+HF_WEIGHTS_FILE = "model.safetensors"
+HF_CONFIG_FILE = "config.json"
+OUTPUT_FORMATS = ("ours", "tf1", "hf")
+
+
+def _hf_layout(model, label_list=None):
+    """(transformers class name, name prefix of the encoder, extra config.json keys) for `model`."""
+    from bert_tf.models import heads
+
+    encoder = _encoder_of(model)
+    if encoder.causal:
+        raise CheckpointError("a left-to-right (causal) model has no Hugging Face BERT equivalent to write")
+    if model is encoder:
+        return "BertModel", "", {}
+    masked_lm, next_sentence = getattr(model, "masked_lm", None), getattr(model, "next_sentence", None)
+    if masked_lm is not None:
+        return ("BertForPreTraining" if next_sentence is not None else "BertForMaskedLM"), "bert.", {}
+    head = getattr(model, "head", None)
+    if isinstance(head, heads.SpanHead):
+        return "BertForQuestionAnswering", "bert.", {}
+    if isinstance(head, heads.MultipleChoiceHead):
+        return "BertForMultipleChoice", "bert.", {}
+    if isinstance(head, (heads.ClassificationHead, heads.TokenTaggingHead)):
+        num_labels = int(head.projection.output_weights.shape[0])
+        labels = [str(x) for x in label_list] if label_list and len(label_list) == num_labels else None
+        labels = labels or [f"LABEL_{i}" for i in range(num_labels)]
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {x: i for i, x in enumerate(labels)}}
+        if num_labels == 1 and isinstance(head, heads.ClassificationHead):
+            extra["problem_type"] = "regression"
+        name = "BertForSequenceClassification" if isinstance(head, heads.ClassificationHead) else "BertForTokenClassification"
+        return name, "bert.", extra
+    raise CheckpointError(f"no Hugging Face layout for {type(model).__name__}")
+
+
+def hf_state_dict(model, prefix: str) -> Dict[str, np.ndarray]:
+    """`model`'s weights under their Hugging Face names (Linear weights [out, in]), float32.
+
+    The MLM decoder weight and bias are tied to the word embeddings and `cls.predictions.bias` in
+    transformers and are not written (as `save_pretrained` does not).
+    """
+    out = {}
+    for name, variable in tf1_variable_map(model).items():
+        value = np.asarray(variable.numpy(), dtype=np.float32)
+        out[hf_name(name, prefix)] = np.ascontiguousarray(value.T if name.endswith("/kernel") else value)
+    return out
+
+
+def _write_bytes_atomic(path: str, data: bytes) -> None:
+    import tensorflow as tf
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "wb") as f:
+        f.write(data)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_hf_checkpoint(
+    model,
+    folder: str,
+    vocab_file: Optional[str] = None,
+    do_lower_case: Optional[bool] = None,
+    label_list=None,
+) -> str:
+    """Writes `model` as a Hugging Face folder: model.safetensors, config.json, and vocab.txt (plus
+    tokenizer_config.json when the casing is known), loadable by `transformers` `from_pretrained`.
+
+    The class is the one matching the heads: BertModel (encoder), BertForPreTraining (MLM + NSP),
+    BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+    BertForMultipleChoice or BertForQuestionAnswering. Each file goes through a temporary name;
+    config.json is written last.
+    """
+    import tensorflow as tf
+    from safetensors.numpy import save as safetensors_bytes
+
+    from bert_tf.fileio import write_text_atomic
+
+    config = _encoder_of(model).config
+    architecture, prefix, extra = _hf_layout(model, label_list)
+    if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
+        raise CheckpointError(f"{folder}: exists and is not a folder (a Hugging Face output is a folder)")
+    tf.io.gfile.makedirs(folder)
+    tensors = hf_state_dict(model, prefix)
+    _write_bytes_atomic(os.path.join(folder, HF_WEIGHTS_FILE), safetensors_bytes(tensors, metadata={"format": "pt"}))
+    if vocab_file:
+        _copy_atomic(vocab_file, os.path.join(folder, "vocab.txt"))
+    if do_lower_case is not None:
+        tokenizer_config = {"do_lower_case": bool(do_lower_case), "tokenizer_class": "BertTokenizer",
+                            "model_max_length": config.max_position_embeddings}
+        write_text_atomic(os.path.join(folder, "tokenizer_config.json"),
+                          json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+    hf_config = config.to_hf_dict(architectures=[architecture], **extra)
+    write_text_atomic(os.path.join(folder, HF_CONFIG_FILE), json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def _copy_atomic(src: str, dst: str) -> None:
+    import tensorflow as tf
+
+    if os.path.abspath(src) == os.path.abspath(dst):
+        return
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    tf.io.gfile.copy(src, tmp, overwrite=True)
+    tf.io.gfile.rename(tmp, dst, overwrite=True)
+
+
 # ------------------------------------------------------------------ detecting and converting
 def detect_format(path: str) -> str:
     """The format of a checkpoint path ("hf", "tf1" or "ours"): a prefix, folder or .safetensors file."""
@@ -498,25 +584,74 @@ def convert_checkpoint(
     input_format: Optional[str] = None,
     vocab_file: Optional[str] = None,
 ) -> str:
-    """Converts a checkpoint between formats (tf1 -> ours, hf -> ours, ours -> tf1, hf -> tf1, tf1 -> tf1).
+    """Converts a checkpoint between formats: any of tf1, hf, ours (a prefix, or a bert_tf model dir)
+    to tf1, ours or hf.
 
-    `bert_config` is required for tf1 and ours inputs; for hf it is read from
-    config.json when not given. Writes `bert_config.json` (and `vocab.txt` when
-    one is given or sits beside the input) next to the output prefix.
-    Returns the output prefix.
+    `bert_config` defaults to the bert_config.json beside the input (config.json for hf). tf1 and
+    ours outputs are a prefix with `bert_config.json` (and `vocab.txt` when one is given or sits
+    beside the input) next to it; hf output is a folder (see `write_hf_checkpoint`). The original
+    code knows only the tanh "gelu" and LayerNorm epsilon 1e-12: a tf1 output of a model with
+    gelu_exact or another epsilon is written with the original's values and a one-line warning.
+    Returns the output prefix (folder for hf).
     """
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"unknown output format {output_format!r}; expected {', '.join(OUTPUT_FORMATS)}")
+    model, bert_config, info = _model_to_convert(input_path, bert_config, input_format)
+    vocab_file = vocab_file or _vocab_beside(input_path)
+    if output_format == "hf":
+        if info.get("causal_attention"):
+            raise CheckpointError(f"{input_path}: a left-to-right (causal) model has no Hugging Face BERT equivalent")
+        casing = info.get("do_lower_case")
+        return write_hf_checkpoint(model, output_path, vocab_file, None if casing is None else bool(casing),
+                                   info.get("label_list"))
+
     import tensorflow as tf
 
+    folder = os.path.dirname(output_path)
+    if folder:
+        tf.io.gfile.makedirs(folder)
+    if output_format == "tf1":
+        bert_config, changes = bert_config.original_compatible()
+        for change in changes:
+            logger.warning("%s: %s, which the original code cannot run", output_path, change)
+        write_tf1_checkpoint(model, output_path)
+    else:
+        write_checkpoint(model, output_path)
+    bert_config.to_json_file(os.path.join(folder, "bert_config.json"))
+    if vocab_file:
+        _copy_atomic(vocab_file, os.path.join(folder, "vocab.txt"))
+    return output_path
+
+
+def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_format: Optional[str]):
+    """(model with the input's weights and heads, its BertConfig, facts known about it: do_lower_case,
+    label_list, causal_attention)."""
+    from bert_tf.configs import expected_casing, read_run_info
+
+    folder = input_path if os.path.isdir(input_path) else os.path.dirname(input_path)
+    info = read_run_info(folder) if folder else {}
+    if os.path.isdir(input_path) and info.get("task_type") not in (None, "pretraining"):
+        # A fine-tuned model dir: its task model, heads and labels as the runners saved them.
+        from bert_tf.export import ExportError, restore_model_dir
+
+        try:
+            model = restore_model_dir(input_path)
+        except ExportError as e:
+            raise CheckpointError(str(e)) from None
+        return model, _encoder_of(model).config, info
+
     input_format = input_format or detect_format(input_path)
-    if output_format not in ("tf1", "ours"):
-        raise ValueError(f"unknown output format {output_format!r}; expected tf1 or ours")
     if bert_config is None:
-        if input_format != "hf":
+        beside = os.path.join(folder, "bert_config.json")
+        if input_format == "hf":
+            _, config_file = _hf_files(input_path)
+            if config_file is None:
+                raise ConfigError(f"{input_path}: no config.json beside the weights; pass a bert_config")
+            bert_config = hf_config_to_bert_config(config_file)
+        elif os.path.exists(beside):
+            bert_config = BertConfig.from_json_file(beside)
+        else:
             raise ConfigError(f"{input_path}: a bert_config is needed to read a {input_format} checkpoint")
-        _, config_file = _hf_files(input_path)
-        if config_file is None:
-            raise ConfigError(f"{input_path}: no config.json beside the weights; pass a bert_config")
-        bert_config = hf_config_to_bert_config(config_file)
     if input_format == "ours":
         keys = _reader(resolve_tf1_checkpoint(input_path)).get_variable_to_shape_map()
         heads = {"masked_lm": "cls/predictions/output_bias", "next_sentence": "cls/seq_relationship/output_weights"}
@@ -527,23 +662,23 @@ def convert_checkpoint(
         shapes = checkpoint_variable_shapes(input_path, input_format)
     model = build_model_for_checkpoint(bert_config, shapes)
     load_pretrained(model, input_path, input_format)
+    if "do_lower_case" not in info:
+        casing = _hf_do_lower_case(folder) if input_format == "hf" else expected_casing(input_path)
+        if casing is not None:
+            info = {**info, "do_lower_case": casing}
+    return model, bert_config, info
 
-    folder = os.path.dirname(output_path)
-    if folder:
-        tf.io.gfile.makedirs(folder)
-    if output_format == "tf1":
-        write_tf1_checkpoint(model, output_path)
-    else:
-        write_checkpoint(model, output_path)
-    bert_config.to_json_file(os.path.join(folder, "bert_config.json"))
-    vocab_file = vocab_file or _vocab_beside(input_path)
-    if vocab_file:
-        out_vocab = os.path.join(folder, "vocab.txt")
-        if os.path.abspath(vocab_file) != os.path.abspath(out_vocab):
-            tmp = f"{out_vocab}.tmp-{os.getpid()}"
-            tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
-            tf.io.gfile.rename(tmp, out_vocab, overwrite=True)
-    return output_path
+
+def _hf_do_lower_case(folder: str) -> Optional[bool]:
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f).get("do_lower_case")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return None if value is None else bool(value)
 
 
 def _vocab_beside(path: str) -> Optional[str]:

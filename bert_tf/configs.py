@@ -20,9 +20,12 @@ from typing import Any, Mapping, Optional
 from bert_tf import fileio
 from bert_tf.fileio import write_text_atomic  # noqa: F401  (re-exported: many modules import it from here)
 
-# Activations the original `modeling.get_activation` knows. "gelu" is the tanh
-# approximation in the original (REFERENCE.md §3).
-KNOWN_ACTIVATIONS = ("gelu", "relu", "tanh", "linear")
+# hidden_act values. "gelu" is the tanh approximation, as in the original's bert_config.json (its
+# `modeling.get_activation` knows gelu, relu, tanh, linear). "gelu_exact" is the erf GELU, what a
+# Hugging Face config.json calls "gelu"; the original code cannot run it.
+KNOWN_ACTIVATIONS = ("gelu", "gelu_exact", "relu", "tanh", "linear")
+# The original's LayerNorm epsilon; `layer_norm_eps` is written to bert_config.json only when it differs.
+DEFAULT_LAYER_NORM_EPS = 1e-12
 
 # Keys released configs carry that the model never reads (REFERENCE.md §1).
 IGNORED_KEYS = frozenset(
@@ -57,6 +60,8 @@ class BertConfig:
     # The original code default is 16; every released config says 2.
     type_vocab_size: int = 16
     initializer_range: float = 0.02
+    # Not in the original's files (its LayerNorm always uses 1e-12); Hugging Face configs set it.
+    layer_norm_eps: float = DEFAULT_LAYER_NORM_EPS
 
     def __post_init__(self):
         self.validate()
@@ -78,7 +83,7 @@ class BertConfig:
                 raise ConfigError(f"{source}: {name} must be an integer, got {value!r}")
             if value <= 0:
                 raise ConfigError(f"{source}: {name} must be positive, got {value}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{source}: {name} must be a number, got {value!r}")
@@ -87,6 +92,8 @@ class BertConfig:
                 raise ConfigError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)}")
         if self.initializer_range <= 0:
             raise ConfigError(f"{source}: initializer_range must be positive, got {self.initializer_range}")
+        if not 0 < self.layer_norm_eps < 1:
+            raise ConfigError(f"{source}: layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{source}: hidden_size {self.hidden_size} is not a multiple of "
@@ -103,13 +110,18 @@ class BertConfig:
 
     # --------------------------------------------------------------- builders
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "BertConfig":
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config", hf: Optional[bool] = None) -> "BertConfig":
+        """A config from the original's bert_config.json keys or, when `hf` (None: when the keys say so,
+        see `is_hf_config`), from a Hugging Face config.json."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source}: expected a JSON object, got {type(values).__name__}")
+        if hf or (hf is None and is_hf_config(values)):
+            return cls.from_dict(_from_hf(values, source), source=source, hf=False)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known - IGNORED_KEYS)
         if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}")
+            hint = " (a Hugging Face config.json must say model_type)" if set(unknown) & _HF_ONLY_KEYS else ""
+            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}{hint}")
         if "vocab_size" not in values:
             raise ConfigError(f"{source}: missing required field vocab_size")
         kwargs = {k: v for k, v in values.items() if k in known}
@@ -125,7 +137,8 @@ class BertConfig:
         return obj
 
     @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
+    def from_json_file(cls, path: str, hf: Optional[bool] = None) -> "BertConfig":
+        """Reads an original bert_config.json or a Hugging Face config.json (told apart by `is_hf_config`)."""
         if not fileio.exists(path):
             raise ConfigError(f"{path}: bert config file not found")
         with fileio.open_file(path, "r") as f:
@@ -134,7 +147,7 @@ class BertConfig:
             values = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(values, source=path)
+        return cls.from_dict(values, source=path, hf=hf)
 
     @classmethod
     def named(cls, name: str, vocab_size: int = 30522, **overrides) -> "BertConfig":
@@ -155,7 +168,37 @@ class BertConfig:
 
     # ---------------------------------------------------------------- writers
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        values = dataclasses.asdict(self)
+        if values["layer_norm_eps"] == DEFAULT_LAYER_NORM_EPS:
+            del values["layer_norm_eps"]  # the original's keys only, unless the model needs more
+        return values
+
+    def to_hf_dict(self, architectures=("BertModel",), **extra) -> dict:
+        """The Hugging Face config.json of this model (`transformers.BertConfig` keys); `extra` is
+        added as is (e.g. id2label)."""
+        values = dataclasses.asdict(self)
+        values.update(
+            architectures=list(architectures),
+            model_type="bert",
+            hidden_act=_TO_HF_ACTIVATION[self.hidden_act],
+            position_embedding_type="absolute",
+            pad_token_id=0,
+            torch_dtype="float32",
+            **extra,
+        )
+        return values
+
+    def original_compatible(self) -> tuple:
+        """(a config the original code can run, [what had to change]): its files know only the tanh
+        "gelu" and LayerNorm epsilon 1e-12."""
+        changes, config = [], self
+        if self.hidden_act == "gelu_exact":
+            changes.append("hidden_act gelu_exact (erf) written as the original's gelu (tanh approximation)")
+            config = config.replace(hidden_act="gelu")
+        if self.layer_norm_eps != DEFAULT_LAYER_NORM_EPS:
+            changes.append(f"layer_norm_eps {self.layer_norm_eps} dropped (the original always uses 1e-12)")
+            config = config.replace(layer_norm_eps=DEFAULT_LAYER_NORM_EPS)
+        return config, changes
 
     def to_json_string(self) -> str:
         # The original: json.dumps(..., indent=2, sort_keys=True) + "\n".
@@ -166,6 +209,64 @@ class BertConfig:
 
     def replace(self, **changes) -> "BertConfig":
         return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------------ Hugging Face config.json
+# Keys that only a Hugging Face config.json has; any one of them marks a file as one.
+_HF_MARKERS = frozenset({"model_type", "architectures", "transformers_version", "_name_or_path"})
+_HF_ONLY_KEYS = _HF_MARKERS | {"pad_token_id", "position_embedding_type", "use_cache", "torch_dtype",
+                                "gradient_checkpointing", "classifier_dropout"}
+# Hugging Face hidden_act -> ours. There "gelu" (and "gelu_python") is the erf GELU; "gelu_new",
+# "gelu_pytorch_tanh", "gelu_fast" and "gelu_accurate" all compute the tanh approximation.
+_FROM_HF_ACTIVATION = {
+    "gelu": "gelu_exact", "gelu_python": "gelu_exact",
+    "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "gelu_accurate": "gelu",
+    "relu": "relu", "tanh": "tanh", "linear": "linear",
+}
+_TO_HF_ACTIVATION = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "tanh": "tanh", "linear": "linear"}
+# transformers.BertConfig's defaults, for keys a config.json leaves out.
+_HF_DEFAULTS = {
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
+    "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+}
+# Keys that change the computation, with the only value we can run; every other key a
+# config.json carries (_name_or_path, architectures, torch_dtype, use_cache, pad_token_id,
+# id2label, classifier_dropout, ...) is bookkeeping here and ignored.
+_HF_REQUIRED_VALUES = {
+    "position_embedding_type": "absolute",
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+    "pruned_heads": {},
+}
+
+
+def is_hf_config(values: Mapping[str, Any]) -> bool:
+    """True for a Hugging Face config.json (it has model_type, architectures, transformers_version or
+    _name_or_path, which the original's bert_config.json never has)."""
+    return bool(_HF_MARKERS & set(values))
+
+
+def _from_hf(values: Mapping[str, Any], source: str) -> dict:
+    """The BertConfig fields of a Hugging Face BERT config.json; a one-line ConfigError for a model we
+    would compute differently."""
+    model_type = values.get("model_type", "bert")
+    if model_type != "bert":
+        raise ConfigError(f"{source}: model_type is {model_type!r}; only BERT models can be loaded")
+    for key, expected in _HF_REQUIRED_VALUES.items():
+        value = values.get(key)
+        if value is not None and value != expected:
+            raise ConfigError(f"{source}: {key} {value!r} is not supported (only {expected!r})")
+    out = {k: values.get(k, default) for k, default in _HF_DEFAULTS.items()}
+    if out["hidden_act"] not in _FROM_HF_ACTIVATION:
+        raise ConfigError(
+            f"{source}: hidden_act {out['hidden_act']!r} is not supported; expected one of "
+            f"{', '.join(_FROM_HF_ACTIVATION)}"
+        )
+    out["hidden_act"] = _FROM_HF_ACTIVATION[out["hidden_act"]]
+    return out
 
 
 # Released sizes (REFERENCE.md §1): name -> (layers, hidden); heads = H/64, intermediate = 4H.

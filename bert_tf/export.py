@@ -663,27 +663,29 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
         num_choices=info.get("num_choices"), overwrite=overwrite, quantize=quantize, **kwargs)
 
 
-def export_checkpoint(init_checkpoint: str, bert_config_file: str, vocab_file: str, do_lower_case: bool,
-                      export_dir: str, max_seq_length: int, overwrite: bool = False,
+def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], vocab_file: Optional[str],
+                      do_lower_case: bool, export_dir: str, max_seq_length: int, overwrite: bool = False,
                       quantize: Optional[str] = None) -> str:
     """Exports the encoder of a pretrained checkpoint: original TF1, Hugging Face folder/safetensors, or ours.
 
+    bert_config_file (an original bert_config.json or a Hugging Face config.json) and vocab_file
+    default to the files beside the checkpoint (`finetuning.resolve_pretrained`).
     quantize: None (float32) or "int8" (see export_serving_model).
     """
     from bert_tf.checkpoints import CheckpointError, load_pretrained
-    from bert_tf.models import BertEncoder
+    from bert_tf.finetuning import FinetuneError, resolve_pretrained
+    from bert_tf.tokenization import VocabError
 
     quantize = check_quantize(quantize)
     for path, what in ((bert_config_file, "bert_config_file"), (vocab_file, "vocab_file")):
-        if not path or not tf.io.gfile.exists(path):
-            raise ExportError(f"{path or '(empty)'}: {what} not found")
+        if path and not tf.io.gfile.exists(path):
+            raise ExportError(f"{path}: {what} not found")
     _check_export_dir(export_dir, overwrite)
     try:
-        config = BertConfig.from_json_file(bert_config_file)
-        encoder = BertEncoder(config)
-        load_pretrained(encoder, init_checkpoint)
-    except (CheckpointError, ConfigError) as e:
+        pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        encoder = pretrained.build_encoder()
+        load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
+    except (CheckpointError, ConfigError, FinetuneError, VocabError) as e:
         raise ExportError(str(e).splitlines()[0]) from None
-    return export_serving_model(encoder, "encoder", export_dir, vocab_file, do_lower_case=do_lower_case,
+    return export_serving_model(encoder, "encoder", export_dir, pretrained.vocab_file, do_lower_case=do_lower_case,
                                 max_seq_length=max_seq_length, overwrite=overwrite, quantize=quantize)
-

@@ -189,10 +189,10 @@ def write_hf(model, folder, config, prefix="bert.", legacy_layer_norm=False):
     hf = {
         "model_type": "bert",
         "architectures": ["BertForPreTraining"],
-        "hidden_act": "gelu",
         "layer_norm_eps": 1e-12,
         "pad_token_id": 0,
         **{k: v for k, v in config.to_dict().items()},
+        "hidden_act": "gelu_new",  # Hugging Face's name for the original's (tanh) gelu
     }
     (folder / "config.json").write_text(json.dumps(hf))
     return tensors

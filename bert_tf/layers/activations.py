@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras import ops
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 # The cubic coefficient of the tanh approximation (Hendrycks & Gimpel, 2016).
 _GELU_CUBIC = 0.044715
 
@@ -52,10 +53,11 @@ def _gelu_fused_grad(x):
 
 
 def gelu(x):
-    """The tanh approximation of GELU the original uses for "gelu" (REFERENCE.md §3).
+    """The tanh approximation of GELU the original BERT code uses for "gelu".
 
-    The exact erf GELU differs in the 4th decimal and breaks parity with
-    original checkpoints, so "gelu" means this formula here. The forward pass
+    The exact erf GELU (`gelu_exact`, Hugging Face's "gelu") differs in the 4th
+    decimal and breaks parity with original checkpoints, so "gelu" means this
+    formula here. The forward pass
     is plain TensorFlow ops (SavedModels need no XLA); the gradient is one
     XLA-fused kernel that reuses the forward tanh (on CPU it was eight passes
     over the [tokens, 4H] activations, ~9% of a BERT-small training step).
@@ -63,14 +65,21 @@ def gelu(x):
     return _gelu_fused_grad(x)
 
 
+def gelu_exact(x):
+    """The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))): `hidden_act` "gelu_exact", what a
+    Hugging Face config.json calls "gelu". Plain ops forward and backward (no fused training kernel)."""
+    return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
+
+
 def linear(x):
     return x
 
 
 class Dense(keras.layers.Dense):
-    """keras.layers.Dense (same variables and config); in training, a "gelu" layer adds its bias
-    and applies the activation in one XLA kernel (plain TensorFlow ops took seven passes over
-    the [tokens, intermediate] activations, ~2% of a BERT-base step on CPU)."""
+    """keras.layers.Dense (same variables and config); in training, a "gelu" (tanh) layer adds its
+    bias and applies the activation in one XLA kernel (plain TensorFlow ops took seven passes over
+    the [tokens, intermediate] activations, ~2% of a BERT-base step on CPU). Other activations,
+    "gelu_exact" included, run as plain ops."""
 
     def call(self, inputs, training=None):
         if training and self.activation is gelu and self.bias is not None:
@@ -79,11 +88,11 @@ class Dense(keras.layers.Dense):
         return super().call(inputs, training=training)
 
 
-_ACTIVATIONS = {"gelu": gelu, "relu": ops.relu, "tanh": ops.tanh, "linear": linear}
+_ACTIVATIONS = {"gelu": gelu, "gelu_exact": gelu_exact, "relu": ops.relu, "tanh": ops.tanh, "linear": linear}
 
 
 def get_activation(name: str):
-    """The activation function for a `hidden_act` name (gelu, relu, tanh, linear)."""
+    """The activation function for a `hidden_act` name (gelu, gelu_exact, relu, tanh, linear)."""
     if name not in _ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; expected one of {', '.join(_ACTIVATIONS)}")
     return _ACTIVATIONS[name]

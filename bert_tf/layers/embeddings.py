@@ -29,6 +29,7 @@ class BertEmbeddings(keras.layers.Layer):
         max_position_embeddings: int,
         dropout_rate: float,
         initializer_range: float,
+        layer_norm_eps: float = LAYER_NORM_EPSILON,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -38,6 +39,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.max_position_embeddings = max_position_embeddings
         self.dropout_rate = dropout_rate
         self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         self.word_embeddings = keras.layers.Embedding(
             vocab_size, hidden_size, embeddings_initializer=init, name="word_embeddings", dtype=self.dtype_policy
@@ -50,7 +52,7 @@ class BertEmbeddings(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.layer_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="LayerNorm", dtype=self.dtype_policy
+            epsilon=layer_norm_eps, name="LayerNorm", dtype=self.dtype_policy
         )
         self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
 
@@ -88,5 +90,6 @@ class BertEmbeddings(keras.layers.Layer):
             max_position_embeddings=self.max_position_embeddings,
             dropout_rate=self.dropout_rate,
             initializer_range=self.initializer_range,
+            layer_norm_eps=self.layer_norm_eps,
         )
         return config

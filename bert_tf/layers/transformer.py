@@ -30,6 +30,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout_rate: float,
         initializer_range: float,
         causal: bool = False,
+        layer_norm_eps: float = LAYER_NORM_EPSILON,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -41,6 +42,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout_rate = attention_dropout_rate
         self.initializer_range = initializer_range
         self.causal = causal
+        self.layer_norm_eps = layer_norm_eps
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         policy = self.dtype_policy
 
@@ -50,7 +52,7 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.attention_dropout = Dropout(hidden_dropout_rate, dtype=policy)
         self.attention_layer_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="attention_LayerNorm", dtype=policy
+            epsilon=layer_norm_eps, name="attention_LayerNorm", dtype=policy
         )
         self.intermediate = Dense(
             intermediate_size,
@@ -62,7 +64,7 @@ class TransformerBlock(keras.layers.Layer):
         self.output_dense = keras.layers.Dense(hidden_size, kernel_initializer=init, name="output_dense", dtype=policy)
         self.output_dropout = Dropout(hidden_dropout_rate, dtype=policy)
         self.output_layer_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="output_LayerNorm", dtype=policy
+            epsilon=layer_norm_eps, name="output_LayerNorm", dtype=policy
         )
 
     def build(self, input_shape=None):
@@ -110,5 +112,6 @@ class TransformerBlock(keras.layers.Layer):
             attention_dropout_rate=self.attention_dropout_rate,
             initializer_range=self.initializer_range,
             causal=self.causal,
+            layer_norm_eps=self.layer_norm_eps,
         )
         return config

@@ -51,6 +51,7 @@ class BertEncoder(keras.Model):
             max_position_embeddings=config.max_position_embeddings,
             dropout_rate=config.hidden_dropout_prob,
             initializer_range=config.initializer_range,
+            layer_norm_eps=config.layer_norm_eps,
             name="embeddings",
             dtype=policy,
         )
@@ -66,6 +67,7 @@ class BertEncoder(keras.Model):
                 attention_dropout_rate=config.attention_probs_dropout_prob,
                 initializer_range=config.initializer_range,
                 causal=causal,
+                layer_norm_eps=config.layer_norm_eps,
                 name=f"layer_{i}",
                 dtype=policy,
             )

@@ -103,6 +103,7 @@ class MaskedLMHead(keras.layers.Layer):
         hidden_act: str = "gelu",
         initializer_range: float = 0.02,
         name: str = "masked_lm",
+        layer_norm_eps: float = LAYER_NORM_EPSILON,
         **kwargs,
     ):
         kwargs.setdefault("dtype", HEAD_DTYPE)
@@ -111,6 +112,7 @@ class MaskedLMHead(keras.layers.Layer):
         self.hidden_size = hidden_size
         self.hidden_act = hidden_act
         self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
         self.transform = keras.layers.Dense(
             hidden_size,
             activation=get_activation(hidden_act),
@@ -119,7 +121,7 @@ class MaskedLMHead(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         self.layer_norm = LayerNorm(
-            epsilon=LAYER_NORM_EPSILON, name="transform_LayerNorm", dtype=self.dtype_policy
+            epsilon=layer_norm_eps, name="transform_LayerNorm", dtype=self.dtype_policy
         )
 
     def build(self, input_shape=None):
@@ -147,6 +149,7 @@ class MaskedLMHead(keras.layers.Layer):
             hidden_size=self.hidden_size,
             hidden_act=self.hidden_act,
             initializer_range=self.initializer_range,
+            layer_norm_eps=self.layer_norm_eps,
         )
         return config
 

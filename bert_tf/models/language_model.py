@@ -81,7 +81,8 @@ class LeftToRightPretrainer(keras.Model):
         if not self.encoder.causal:
             raise ValueError("LeftToRightPretrainer needs a causal encoder (BertEncoder(config, causal=True))")
         self.masked_lm = MaskedLMHead(
-            config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range, name="masked_lm"
+            config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range, name="masked_lm",
+            layer_norm_eps=config.layer_norm_eps,
         )
         self.masked_lm.build()
 

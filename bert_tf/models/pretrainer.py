@@ -107,7 +107,8 @@ class BertPretrainer(keras.Model):
         self.skip_padding = skip_padding
         self.encoder = encoder if encoder is not None else BertEncoder(config)
         self.masked_lm = MaskedLMHead(
-            config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range, name="masked_lm"
+            config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range, name="masked_lm",
+            layer_norm_eps=config.layer_norm_eps,
         )
         self.masked_lm.build()
         if use_next_sentence_prediction:

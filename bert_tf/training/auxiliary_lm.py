@@ -40,7 +40,7 @@ def attach_lm_head(model) -> MaskedLMHead:
     """Adds the LM output layer as `model.masked_lm` (model has `.encoder`); returns it."""
     config = model.encoder.config
     head = MaskedLMHead(config.vocab_size, config.hidden_size, config.hidden_act, config.initializer_range,
-                        name="masked_lm")
+                        name="masked_lm", layer_norm_eps=config.layer_norm_eps)
     head.build()
     model.masked_lm = head
     return head
