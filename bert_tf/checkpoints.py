@@ -188,11 +188,15 @@ def _check_encoder_coverage(report: LoadReport, source: str) -> None:
 
 
 def resolve_tf1_checkpoint(path: str) -> str:
-    """A checkpoint prefix from a prefix or a folder (its latest checkpoint, else bert_model.ckpt)."""
+    """A checkpoint prefix from a prefix or a folder (its latest checkpoint: the `checkpoint` state
+    file's, else the highest ckpt-N; else bert_model.ckpt)."""
     import tensorflow as tf
 
     if tf.io.gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            steps = [m.group(1) for f in tf.io.gfile.listdir(path) if (m := re.fullmatch(r"ckpt-(\d+)\.index", f))]
+            latest = os.path.join(path, f"ckpt-{max(steps, key=int)}") if steps else None
         path = latest or os.path.join(path, "bert_model.ckpt")
     if not tf.io.gfile.exists(path + ".index"):
         raise CheckpointError(f"{path}: no checkpoint found (expected {path}.index)")
