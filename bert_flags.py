@@ -11,6 +11,8 @@ import sys
 
 from absl import flags
 
+import bert_tf  # noqa: F401  (first, before TensorFlow: quiet start-up, bert_tf/console.py)
+
 FLAGS = flags.FLAGS
 
 
@@ -99,11 +101,49 @@ def fail(message: str):
 
 
 def setup_logging():
+    """The start of every runner: log lines with times, then every remote path flag checked."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
+    check_remote_path_flags()
+
+
+def remote_path_flags():
+    """(flag name, path) for every remote path (gs://, ...) given in a string flag; lists split on commas."""
+    from bert_tf import fileio
+
+    found = {}
+    for name, flag in sorted(FLAGS._flags().items()):
+        value = flag.value
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            if not isinstance(item, str):
+                continue
+            for path in (p.strip() for p in item.split(",")):
+                if fileio.is_remote(path) and fileio.scheme(path) not in fileio.NON_FILE_SCHEMES:
+                    found.setdefault(path, name)
+    return [(name, path) for path, name in found.items()]
+
+
+def remote_path_problem():
+    """'--flag=<path>: why' for the first remote path in the flags that cannot be reached or read; else None."""
+    from bert_tf import fileio
+
+    for name, path in remote_path_flags():
+        try:
+            fileio.check_remote(path)
+        except fileio.RemotePathError as e:
+            return f"--{name}={e}"
+    return None
+
+
+def check_remote_path_flags():
+    """A one-line exit when a remote path in the flags cannot be reached or read (before any work)."""
+    problem = remote_path_problem()
+    if problem:
+        fail(problem)
 
 
 def define_overwrite_flag():

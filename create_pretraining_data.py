@@ -12,6 +12,7 @@ import sys
 
 from absl import app, flags
 
+import bert_flags
 from bert_tf.data import pretraining_job, text_input
 
 FLAGS = flags.FLAGS
@@ -46,6 +47,9 @@ flags.DEFINE_integer("shuffle_buffer_size", pretraining_job.DEFAULT_SHUFFLE_BUFF
 
 def main(_):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    problem = bert_flags.remote_path_problem()  # gs:// input, vocab or output that cannot be reached
+    if problem:
+        sys.exit(f"create_pretraining_data.py: error: {problem}")
     config = pretraining_job.PretrainingDataConfig(
         input_file=FLAGS.input_file, output_file=FLAGS.output_file, vocab_file=FLAGS.vocab_file,
         do_lower_case=FLAGS.do_lower_case, strip_accents=FLAGS.strip_accents,

@@ -17,6 +17,10 @@ import sys
 from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+try:  # not needed; where installed, it hides TensorFlow's start-up noise on CPU machines (bert_tf/console.py)
+    import bert_tf  # noqa: F401
+except ImportError:
+    pass
 
 FLAGS = flags.FLAGS
 
@@ -58,13 +62,25 @@ def read_inputs():
 
 def load(export_dir):
     metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
-    if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")) or not os.path.isfile(metadata_file):
+    if "://" in export_dir:  # gs:// and other TensorFlow file systems
+        import tensorflow as tf
+
+        try:
+            found = all(tf.io.gfile.exists(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+        except tf.errors.OpError as e:
+            reason = " ".join(e.message.split()).split(" when reading")[0].split("error details: ")[-1]
+            raise PredictError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
+        open_file = tf.io.gfile.GFile
+    else:
+        found = all(os.path.isfile(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+        open_file = open
+    if not found:
         raise PredictError(f"{export_dir}: not a SavedModel written by export_savedmodel.py")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
-    with open(metadata_file, encoding="utf-8") as f:
-        metadata = json.load(f)
+    with open_file(metadata_file, "rb") as f:
+        metadata = json.loads(f.read().decode("utf-8"))
     return tf.saved_model.load(export_dir).signatures["serving_default"], metadata
 
 

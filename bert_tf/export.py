@@ -35,6 +35,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from bert_tf import fileio
 from bert_tf.configs import RUN_INFO_FILE, BertConfig, ConfigError, read_run_info
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.tokenizer import (
@@ -120,6 +121,7 @@ def latest_checkpoint(model_dir: str) -> str:
 
 def read_model_dir(model_dir: str):
     """(BertConfig, run info dict) of a model_dir, with one-line errors for missing pieces."""
+    _check_remote(model_dir)  # (isdir would call an unreachable bucket "not found")
     if not tf.io.gfile.isdir(model_dir):
         raise ExportError(f"{model_dir}: model_dir not found")
     config_file = os.path.join(model_dir, "bert_config.json")
@@ -513,7 +515,15 @@ def check_quantize(quantize: Optional[str]) -> Optional[str]:
     return quantize
 
 
+def _check_remote(path: str) -> None:
+    try:
+        fileio.check_remote(path)
+    except fileio.RemotePathError as e:
+        raise ExportError(str(e)) from None
+
+
 def _check_export_dir(export_dir: str, overwrite: bool) -> None:
+    _check_remote(export_dir)
     if tf.io.gfile.exists(export_dir):
         if not tf.io.gfile.isdir(export_dir):
             raise ExportError(f"{export_dir}: export_dir exists and is not a directory")

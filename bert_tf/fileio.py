@@ -6,10 +6,54 @@ remote paths go through `tf.io.gfile`.
 """
 
 import os
+import re
+
+# URL schemes that name servers, not files (--tpu_name=grpc://..., a hub address).
+NON_FILE_SCHEMES = ("grpc", "http", "https")
+
+
+class RemotePathError(OSError):
+    """A remote path (gs://, s3://, ...) whose file system cannot be reached or read; one line."""
 
 
 def is_remote(path: str) -> bool:
     return "://" in str(path)
+
+
+def scheme(path: str) -> str:
+    return str(path).split("://", 1)[0].lower() if is_remote(path) else ""
+
+
+def remote_error_message(path: str, error) -> str:
+    """One line for a tf.errors.OpError met on `path`: the path, then the reason without libcurl's prose."""
+    text = " ".join((getattr(error, "message", None) or str(error)).split())
+    detail = re.search(r"error details: (.*?)(?: when reading| when writing|$)", text)
+    reason = detail.group(1).strip() if detail else re.split(r" when (?:reading|writing)", text)[0]
+    return f"{path}: cannot reach or read it ({reason[:200]})"
+
+
+def check_remote(path: str) -> None:
+    """Raises RemotePathError when `path` is remote and its file system is missing or cannot be reached.
+
+    Does what the run will do first with the path (a glob for a pattern, else an existence
+    check), so a bad bucket fails at the start in one line and not after hours, with a traceback.
+    A path that simply does not exist yet passes (outputs are created later).
+    """
+    if not is_remote(path) or scheme(path) in NON_FILE_SCHEMES:
+        return
+    import tensorflow as tf
+
+    registered = [s for s in tf.io.gfile.get_registered_schemes() if s not in ("", "file")]
+    if scheme(path) not in registered:
+        raise RemotePathError(f"{path}: this TensorFlow has no file system for {scheme(path)}:// (it has "
+                              f"{', '.join(s + '://' for s in sorted(registered)) or 'none'})")
+    try:
+        if any(c in path.split("://", 1)[1] for c in "*?["):
+            tf.io.gfile.glob(path)
+        else:
+            tf.io.gfile.exists(path)
+    except tf.errors.OpError as e:
+        raise RemotePathError(remote_error_message(path, e)) from None
 
 
 def exists(path: str) -> bool:

@@ -1,0 +1,106 @@
+"""What the scripts print: no TensorFlow start-up noise on CPU machines, remote paths that fail in one line."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import REPO
+
+from bert_tf import console, fileio
+
+# No network here (and in CI), so every bucket is unreachable.
+BUCKET = "gs://bert-tf-no-such-bucket-17"
+
+# absl's app.run, as in the scripts (it lets TensorFlow's absl INFO lines through), a device listing
+# (the CUDA probe) and a small SavedModel (signature_serialization and Sharding callback INFO lines).
+SAVE_A_MODEL = textwrap.dedent("""
+    import sys
+    from absl import app
+
+    def main(_):
+        import bert_tf  # noqa: F401
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+        m = tf.Module()
+        m.v = tf.Variable(1.0)
+        m.f = tf.function(lambda x: x * m.v, input_signature=[tf.TensorSpec([None], tf.float32)])
+        tf.saved_model.save(m, sys.argv[1], signatures={"serving_default": m.f})
+        print("saved")
+
+    app.run(main)
+""")
+NOISE = ("cuInit", "signature_serialization", "Sharding callback")
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", console.VERBOSE_ENV)}
+    return dict(env, **extra)
+
+
+def test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back(tmp_path):
+    quiet = subprocess.run([sys.executable, "-c", SAVE_A_MODEL, str(tmp_path / "a")], capture_output=True,
+                           text=True, env=_env(), cwd=str(REPO), timeout=300)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "saved", quiet.stderr[-2000:]
+    assert [line for line in quiet.stderr.splitlines() if any(n in line for n in NOISE)] == []
+
+    loud = subprocess.run([sys.executable, "-c", SAVE_A_MODEL, str(tmp_path / "b")], capture_output=True,
+                          text=True, env=_env(BERT_TF_VERBOSE="1"), cwd=str(REPO), timeout=300)
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    assert "signature_serialization" in loud.stderr and "Sharding callback" in loud.stderr
+    if not console.cuda_driver_present():
+        assert "failed call to cuInit" in loud.stderr
+
+
+def test_tensorflow_info_filter_keeps_warnings_and_other_code():
+    keep = console._TensorFlowInfoFilter()
+    tf_file = os.path.join("site-packages", "tensorflow", "python", "saved_model", "save.py")
+
+    def record(level, path):
+        return __import__("logging").LogRecord("absl", level, path, 1, "msg", None, None)
+
+    assert not keep.filter(record(20, tf_file))  # INFO from TensorFlow
+    assert keep.filter(record(30, tf_file))  # its warnings stay
+    assert keep.filter(record(20, os.path.join("bert_tf", "export.py")))  # and everyone else's INFO
+
+
+def test_check_remote_names_the_path_of_an_unreachable_bucket_or_unknown_scheme():
+    fileio.check_remote(str(REPO))  # local: nothing to check
+    fileio.check_remote("grpc://10.0.0.2:8470")  # a server address, not a file
+    start = time.time()
+    with pytest.raises(fileio.RemotePathError, match=f"^{BUCKET}/train\\*: cannot reach or read it \\(.+\\)$"):
+        fileio.check_remote(f"{BUCKET}/train*")
+    with pytest.raises(fileio.RemotePathError, match=f"^{BUCKET}/vocab.txt: cannot reach or read it"):
+        fileio.check_remote(f"{BUCKET}/vocab.txt")
+    assert time.time() - start < 20  # no network: fails at once, not after retries
+    with pytest.raises(fileio.RemotePathError, match="^nosuchfs://b/x: this TensorFlow has no file system for "
+                                                     "nosuchfs:// \\(it has .*gs://"):
+        fileio.check_remote("nosuchfs://b/x")
+
+
+@pytest.mark.parametrize("script, args, named", [
+    ("run_pretraining.py", ["--input_file={b}/train*.tfrecord", "--output_dir={tmp}/out",
+                            "--bert_config_file={repo}/tests/testdata/none.json"], "--input_file={b}/train*.tfrecord"),
+    ("create_pretraining_data.py", ["--input_file={b}/corpus.txt", "--output_file={tmp}/x.tfrecord",
+                                    "--vocab_file={tmp}/vocab.txt"], "--input_file={b}/corpus.txt"),
+    ("export_savedmodel.py", ["--model_dir={b}/model", "--export_dir={tmp}/export"], "{b}/model"),
+])
+def test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it(tmp_path, script, args, named):
+    def fill(text):
+        return text.format(b=BUCKET, tmp=tmp_path, repo=REPO)
+
+    before = sorted(os.listdir(tmp_path))
+    start = time.time()
+    result = subprocess.run([sys.executable, str(REPO / script), *map(fill, args)], capture_output=True, text=True,
+                            env=_env(), cwd=str(tmp_path), timeout=300)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert errors[0].endswith(")") and f"error: {fill(named)}: cannot reach or read it (" in errors[0]
+    assert not any(n in result.stderr for n in NOISE)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written
+    print(f"{script}: {time.time() - start:.1f}s")
