@@ -46,7 +46,8 @@ def _events(model_dir, kind="train"):
     for name in sorted(os.listdir(folder)):
         for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
             for v in event.summary.value:
-                out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+                if v.metadata.plugin_data.plugin_name != "text":  # (the run's environment, flags, config)
+                    out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
     return out
 
 

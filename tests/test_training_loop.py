@@ -77,13 +77,21 @@ def test_trains_checkpoints_and_summarizes(full_run):
     assert set(result) == {"loss", "mae", "weighted"}
     events = os.listdir(os.path.join(model_dir, "train"))
     assert events and events[0].startswith("events.out.tfevents")
-    tags, lr = set(), {}
+    tags, lr, texts = set(), {}, {}
     for e in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, "train", events[0])):
         tags.update(v.tag for v in e.summary.value)
         for v in e.summary.value:
             if v.tag == "learning_rate":
                 lr[e.step] = float(tf.make_ndarray(v.tensor))
+            if v.metadata.plugin_data.plugin_name == "text":
+                texts[v.tag] = (e.step, tf.make_ndarray(v.tensor).item().decode())
     assert {"loss", "mae", "learning_rate", "gradient_norm", "examples_per_second"} <= tags
+    # What ran where, written once at the start (step 0): the environment report, the command, the model.
+    assert set(texts) == {"run/environment", "run/command", "run/flags", "run/model_config"}
+    assert {step for step, _ in texts.values()} == {0}
+    environment = texts["run/environment"][1]
+    assert f"TF {tf.__version__}" in environment and "oneDNN" in environment and "int8 serving:" in environment
+    assert '"units": 8' in texts["run/model_config"][1]  # the toy model's hidden Dense layer
     # Logged with step s: the rate step s used (peak 0.05, 2 warmup steps, linear decay over 12 from step 0;
     # step s applies the update after s - 1 updates). Not the rate of the loop's first step.
     assert lr == pytest.approx({3: 0.05 * (1 - 2 / 12), 6: 0.05 * (1 - 5 / 12), 9: 0.05 * (1 - 8 / 12),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -242,6 +243,7 @@ class Trainer:
         self._train_loops = {}
         self._metric_names = None
         self._summary_writers = {}
+        self._run_reported = False
         self._preempted = False
         # Every step's loss of this process's train() calls, in order, and one record per
         # loop {step, steps, seconds, loss} (tests, benchmarks and tools read them).
@@ -407,6 +409,27 @@ class Trainer:
             # (CheckpointWriteError, earlier checkpoints intact), not with a traceback here.
             logger.warning("cannot write %s summaries at step %d (%s)", kind, step, _first_line(e))
 
+    def _report_run(self, kind):
+        """Once per Trainer, at the start of train() or evaluate(): the environment's one-line summary
+        in the log, and the environment report, command line, flags and model config as TensorBoard
+        text summaries (run/...) in model_dir/<kind>, so a run's board says what ran where."""
+        if self._run_reported:
+            return
+        self._run_reported = True
+        from bert_tf import env
+
+        report = env.report()
+        logger.info(env.summary_line(report))
+        if not self.is_chief:
+            return
+        try:
+            with self._writer(kind).as_default(step=int(self.global_step.numpy())):
+                for tag, text in env.run_text(_model_config_json(self.model), report).items():
+                    tf.summary.text(tag, text)
+            self._writer(kind).flush()
+        except (tf.errors.OpError, OSError) as e:
+            logger.warning("cannot write the run's text summaries to %s (%s)", kind, _first_line(e))
+
     # ------------------------------------------------------------------ public API
     def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1):
         """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, grouped in
@@ -471,6 +494,7 @@ class Trainer:
             logger.info("input position is not checkpointed under %s: a resumed run restarts the input",
                         type(self.strategy).__name__)
         self.restore(manager)
+        self._report_run(TRAIN_DIR)
         if "train" not in self._train_loops:
             self._train_loops["train"] = self._make_train_loop()
         train_loop = self._train_loops["train"]
@@ -538,6 +562,7 @@ class Trainer:
     def evaluate(self, dataset_fn, global_batch_size: int, steps: Optional[int] = None) -> Dict[str, float]:
         """Runs up to `steps` batches (all of the data when None) without training;
         returns the weighted metric averages and `global_step`, and writes eval/ summaries."""
+        self._report_run(EVAL_DIR)
         replicas = self.strategy.num_replicas_in_sync
         if global_batch_size % replicas:
             raise ValueError(f"eval_batch_size {global_batch_size} must be a multiple of replicas ({replicas})")
@@ -624,6 +649,18 @@ def clear_model_dir(model_dir: str) -> list:
     if removed:
         logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
     return removed
+
+
+def _model_config_json(model) -> str:
+    """The model's BertConfig as JSON (the model's or its encoder's), else its Keras config."""
+    for obj in (model, getattr(model, "encoder", None)):
+        config = getattr(obj, "config", None)
+        if hasattr(config, "to_json_string"):
+            return config.to_json_string()
+    try:
+        return json.dumps(model.get_config(), indent=2, sort_keys=True, default=str)
+    except (NotImplementedError, TypeError, ValueError):
+        return f"{type(model).__name__} (no config)"
 
 
 def _peer_detail(error: BaseException) -> str:
