@@ -405,15 +405,16 @@ def run_command() -> str:
     return shlex.join([os.path.basename(sys.executable) or "python"] + sys.argv)
 
 
-def run_flags() -> dict:
-    """{flag: value} of the absl flags the program defined (not absl's own), once parsed; else {}."""
+def run_flags(flag_values=None) -> dict:
+    """{flag: value} of the absl flags the program defined (not absl's or TensorFlow's), once parsed; else {}."""
     from absl import flags
 
-    if not flags.FLAGS.is_parsed():
+    flag_values = flag_values or flags.FLAGS
+    if not flag_values.is_parsed():
         return {}
     values = {}
-    for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
-        if module.split(".")[0] != "absl":
+    for module, module_flags in flag_values.flags_by_module_dict().items():
+        if module.split(".")[0] not in ("absl", "tensorflow", "keras", "tensorflow_text"):
             values.update({f.name: f.value for f in module_flags})
     return dict(sorted(values.items()))
 

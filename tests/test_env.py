@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import tensorflow as tf
+from absl import flags
 from conftest import REPO
 
 from bert_tf import env
@@ -91,3 +92,15 @@ def test_command_line_prints_json_and_text():
     assert report["versions"]["tensorflow"] == tf.__version__
     assert report["xla"]["available"] is True
     assert "Compiled cluster using XLA" not in result.stderr  # the probe's own notice is held back
+
+
+def test_run_flags_are_the_programs_own_once_parsed():
+    values = flags.FlagValues()
+    flags.DEFINE_string("output_dir", None, "", flag_values=values, module_name="run_classifier.py")
+    flags.DEFINE_integer("seed", 1, "", flag_values=values, module_name="bert_flags")
+    flags.DEFINE_float("delta_threshold", 0.5, "", flag_values=values,
+                       module_name="tensorflow.python.tpu.tensor_tracer_flags")
+    flags.DEFINE_bool("logtostderr", False, "", flag_values=values, module_name="absl.logging")
+    assert env.run_flags(values) == {}
+    values(["run_classifier.py", "--output_dir=gs://b/out", "--logtostderr"])
+    assert env.run_flags(values) == {"output_dir": "gs://b/out", "seed": 1}
