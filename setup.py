@@ -33,6 +33,8 @@ setup(
         "test": TEST,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot
+        # NVIDIA GPUs (Linux x86_64): TensorFlow's own extra brings CUDA 12 and cuDNN 9 from pip.
+        "gpu": ["tensorflow[and-cuda]==2.20.*"],
     },
     license="Apache-2.0",
 )
