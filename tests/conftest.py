@@ -22,6 +22,44 @@ def shared_path(*parts) -> pathlib.Path:
     return path
 
 
+FLOAT32_EPS = 2.0 ** -23  # 1.19e-7: float32's relative spacing; one rounding errs by at most half of it
+
+
+def float32_tolerance(magnitude: float, summed_terms: int) -> float:
+    """The largest difference two float32 computations of one quantity may show when they differ only
+    in rounding (the order of a sum, a fused kernel, the CPU's vector width: oneDNN adds in other
+    orders under AVX2 than under AVX-512). A sum of n terms in any order errs by at most n * eps
+    relative to the terms' magnitude (each of its n roundings by eps / 2, plus the product's), so a
+    chain of sums with `summed_terms` terms in all, on values up to `magnitude`, stays within
+    summed_terms * eps * magnitude: a worst case, which holds for every CPU and summation order."""
+    return summed_terms * FLOAT32_EPS * magnitude
+
+
+def half_precision_matmul_crashes() -> str:
+    """Why this process cannot run bfloat16/float16 matmuls, or "" when it can.
+
+    TF 2.20 picks its oneDNN half-precision kernels by the CPU's own flags, but oneDNN obeys
+    ONEDNN_MAX_CPU_ISA: on a CPU with AVX512_BF16/AMX/AVX512_FP16 capped to AVX2, a bfloat16 or
+    float16 MatMul segfaults (reproduced with one 8x16 @ 16x4 matmul). A real AVX2 CPU takes TF's
+    other kernels and runs these tests.
+    """
+    from bert_tf import env
+
+    capped = set(env.onednn_info(env.cpu_info()["isa"])["isa_capped_away"] or ())
+    lost = sorted(capped & {"AVX512_BF16", "AMX_BF16", "AVX512_FP16"})
+    if not lost:
+        return ""
+    return (f"TF 2.20 segfaults on bfloat16/float16 matmuls when ONEDNN_MAX_CPU_ISA caps away this CPU's "
+            f"{'/'.join(lost)}; a real CPU without them runs this test")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("half_precision"):
+        why = half_precision_matmul_crashes()
+        if why:
+            pytest.skip(why)
+
+
 @pytest.fixture
 def shared():
     return shared_path

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import float32_tolerance
+
 from bert_tf.configs import BertConfig
 from bert_tf.layers import gelu
 from bert_tf.models import BertEncoder
@@ -284,6 +286,7 @@ ROUNDING_UNIT = {"mixed_bfloat16": 2.0**-8, "mixed_float16": 2.0**-11}
 MIXED_STAGES = 16
 
 
+@pytest.mark.half_precision
 @pytest.mark.parametrize("policy_name", sorted(ROUNDING_UNIT))
 def test_mixed_precision_matches_float32(encoder, policy, policy_name):
     x = make_inputs(batch=2, seq=12, pad_from=9)
@@ -368,7 +371,13 @@ def test_matches_tf_models_official_bert_encoder(encoder):
         {"input_word_ids": x["input_ids"], "input_mask": x["input_mask"], "input_type_ids": x["segment_ids"]}
     )
     got = encoder(x)
-    np.testing.assert_allclose(got["sequence_output"], expected["sequence_output"], atol=1e-5)
-    np.testing.assert_allclose(got["pooled_output"], expected["pooled_output"], atol=1e-5)
-    for a, b in zip(got["encoder_outputs"], expected["encoder_outputs"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Each layer sums H terms six times (q, k, v, attention output, FFN in, LayerNorm's mean and
+    # variance... counted as 5), head_size for the scores, seq twice (softmax, context), intermediate
+    # once: the same sums in another order give at most this (1.5e-4 here; measured about 1e-5 on
+    # AVX-512 and on AMD Zen 3). Exact against tanh GELU comes out 12x the bound apart.
+    chain = CONFIG.num_hidden_layers * (5 * CONFIG.hidden_size + CONFIG.hidden_size // CONFIG.num_attention_heads
+                                        + 2 * x["input_ids"].shape[1] + CONFIG.intermediate_size)
+    for a, b in zip([got["sequence_output"], got["pooled_output"], *got["encoder_outputs"]],
+                    [expected["sequence_output"], expected["pooled_output"], *expected["encoder_outputs"]],
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=float32_tolerance(np.abs(b).max(), chain))

@@ -173,6 +173,7 @@ def test_pretrainer_trains_under_xla(pretrainer):
     assert last < first
 
 
+@pytest.mark.half_precision
 def test_heads_stay_float32_under_mixed_precision():
     previous = keras.config.dtype_policy()
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16")

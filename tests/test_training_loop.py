@@ -160,6 +160,7 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     assert _ckpt_steps(str(tmp_path)) == [info.value.step]
 
 
+@pytest.mark.half_precision
 def test_float16_loss_scaling_trains(tmp_path):
     trainer = make_trainer(str(tmp_path), mixed_precision="float16", steps=6)  # noqa: F821
     trainer.train(dataset_fn)  # noqa: F821
@@ -217,6 +218,7 @@ MIRRORED_SCRIPT = TOY_SOURCE + textwrap.dedent(
 )
 
 
+@pytest.mark.half_precision
 def test_mirrored_two_cpus_matches_one_device(tmp_path):
     # A subprocess, so the two logical CPUs do not leak into the other tests.
     proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, str(tmp_path)], capture_output=True, text=True,
