@@ -7,9 +7,13 @@ remote paths go through `tf.io.gfile`.
 
 import os
 import re
+import threading
 
 # URL schemes that name servers, not files (--tpu_name=grpc://..., a hub address).
 NON_FILE_SCHEMES = ("grpc", "http", "https")
+# How long check_remote waits for a remote file system's first answer (seconds).
+REMOTE_CHECK_TIMEOUT = 60.0
+REMOTE_CHECK_TIMEOUT_ENV = "BERT_TF_REMOTE_CHECK_TIMEOUT"
 
 
 class RemotePathError(OSError):
@@ -47,13 +51,30 @@ def check_remote(path: str) -> None:
     if scheme(path) not in registered:
         raise RemotePathError(f"{path}: this TensorFlow has no file system for {scheme(path)}:// (it has "
                               f"{', '.join(s + '://' for s in sorted(registered)) or 'none'})")
+    probe = tf.io.gfile.glob if any(c in path.split("://", 1)[1] for c in "*?[") else tf.io.gfile.exists
+    outcome = []
+    # In a thread, to bound the wait: TensorFlow's GCS client retries a refused or timed-out connection
+    # for minutes (196 s measured for a refused one), and its retry settings are process-wide.
+    worker = threading.Thread(target=_run_probe, args=(probe, path, outcome), daemon=True)
+    worker.start()
     try:
-        if any(c in path.split("://", 1)[1] for c in "*?["):
-            tf.io.gfile.glob(path)
-        else:
-            tf.io.gfile.exists(path)
-    except tf.errors.OpError as e:
-        raise RemotePathError(remote_error_message(path, e)) from None
+        seconds = float(os.environ.get(REMOTE_CHECK_TIMEOUT_ENV) or REMOTE_CHECK_TIMEOUT)
+    except ValueError:
+        seconds = REMOTE_CHECK_TIMEOUT
+    worker.join(seconds)
+    if not outcome:
+        raise RemotePathError(f"{path}: cannot reach it (no answer within {seconds:g} s; {REMOTE_CHECK_TIMEOUT_ENV} "
+                              "sets this wait)")
+    if outcome[0] is not None:
+        raise RemotePathError(remote_error_message(path, outcome[0])) from None
+
+
+def _run_probe(probe, path, outcome):
+    try:
+        probe(path)
+        outcome.append(None)
+    except Exception as e:  # (an OpError is the expected one; anything else is reported too)
+        outcome.append(e)
 
 
 def exists(path: str) -> bool:

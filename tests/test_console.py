@@ -104,3 +104,18 @@ def test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it(tmp_pa
     assert not any(n in result.stderr for n in NOISE)
     assert sorted(os.listdir(tmp_path)) == before  # nothing written
     print(f"{script}: {time.time() - start:.1f}s")
+
+
+def test_a_bucket_that_does_not_answer_fails_after_the_check_timeout(tmp_path):
+    # A refused connection (here: through a proxy on a closed local port) is retried by TensorFlow's
+    # GCS client for minutes (196 s measured); the start-up check gives up after its timeout.
+    env = _env(https_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", BERT_TF_REMOTE_CHECK_TIMEOUT="2")
+    start = time.time()
+    result = subprocess.run([sys.executable, str(REPO / "run_pretraining.py"), f"--input_file={BUCKET}/train*",
+                             f"--output_dir={tmp_path}/out", f"--bert_config_file={tmp_path}/none.json"],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [f"error: --input_file={BUCKET}/train*: cannot reach it (no answer within 2 s; "
+                      "BERT_TF_REMOTE_CHECK_TIMEOUT sets this wait)"], result.stderr[-2000:]
+    assert time.time() - start < 60
