@@ -617,7 +617,7 @@ def convert_checkpoint(
     if output_format == "tf1":
         bert_config, changes = bert_config.original_compatible()
         for change in changes:
-            logger.warning("%s: %s, which the original code cannot run", output_path, change)
+            logger.warning("%s: %s", output_path, change)
         write_tf1_checkpoint(model, output_path)
     else:
         write_checkpoint(model, output_path)
