@@ -66,7 +66,7 @@ def make_strategy():
 
 
 def use_jit(strategy) -> bool:
-    """--jit_compile, or by default XLA on TPU/GPU and not on CPU (DESIGN.md: it does not pay on CPU)."""
+    """--jit_compile, or by default XLA on TPU/GPU and not on CPU (docs/design.md: it does not pay on CPU)."""
     if FLAGS.jit_compile is not None:
         return FLAGS.jit_compile
     import tensorflow as tf

@@ -1,4 +1,4 @@
-"""Create masked-LM / next-sentence pretraining TFRecords (the original's flags, REFERENCE.md §6).
+"""Create masked-LM / next-sentence pretraining TFRecords (the original's flags, docs/reference.md §6).
 
     python create_pretraining_data.py --input_file=corpus/*.txt --output_file=out/train.tfrecord \\
         --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=10

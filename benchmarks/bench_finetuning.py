@@ -389,7 +389,7 @@ def main():
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated variant names, or 'all' (see the module docstring)")
     parser.add_argument("--inter_op_threads", type=int, default=1,
-                        help="TensorFlow inter-op threads (1 ran ~1.5x faster on a 2-core CPU; DESIGN.md)")
+                        help="TensorFlow inter-op threads (1 ran ~1.5x faster on a 2-core CPU; docs/design.md)")
     parser.add_argument("--max_workers", type=int, default=4,
                         help="workers alive at once (each holds ~2-3 GB at BERT-small); more variants run in "
                              "groups of this many, interleaved within a group only")

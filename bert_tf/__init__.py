@@ -2,7 +2,7 @@
 
 import os
 
-# Keras 3 runs on the TensorFlow backend in this package (DESIGN.md).
+# Keras 3 runs on the TensorFlow backend in this package (docs/design.md).
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Before TensorFlow loads: no CUDA-probe or saved_model INFO noise on CPU machines, and a

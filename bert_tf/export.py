@@ -49,7 +49,7 @@ TASK_TYPES = ("classification", "regression", "span", "multiple_choice", "taggin
 EXPORT_TYPES = ("encoder",) + TASK_TYPES[:-1]
 METADATA_FILE = "bert_tf_export.json"
 METADATA_VERSION = 1
-# SQuAD defaults of the original run_squad.py (REFERENCE.md §7).
+# SQuAD defaults of the original run_squad.py (docs/reference.md §7).
 DEFAULT_MAX_QUERY_LENGTH = 64
 DEFAULT_MAX_ANSWER_LENGTH = 30
 HUB_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -169,7 +169,7 @@ def _ids_specs(rank=2):
 
 
 def _our_names(hub: dict) -> dict:
-    """TF-Hub input names -> the encoder's (REFERENCE.md §8 and DESIGN.md's one vocabulary)."""
+    """TF-Hub input names -> the encoder's (docs/reference.md §8 and docs/design.md's one vocabulary)."""
     return {"input_ids": hub["input_word_ids"], "input_mask": hub["input_mask"], "segment_ids": hub["input_type_ids"]}
 
 

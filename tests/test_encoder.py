@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import float32_tolerance
 
 from bert_tf.configs import BertConfig

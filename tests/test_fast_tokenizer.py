@@ -1,4 +1,4 @@
-"""FastTokenizer gives exactly FullTokenizer's words, wordpieces and ids (REFERENCE.md §5)."""
+"""FastTokenizer gives exactly FullTokenizer's words, wordpieces and ids (docs/reference.md §5)."""
 
 import glob
 import json

@@ -1,4 +1,4 @@
-"""The optimizer and schedule against REFERENCE.md §4, written out in NumPy."""
+"""The optimizer and schedule against docs/reference.md §4, written out in NumPy."""
 
 import numpy as np
 import pytest

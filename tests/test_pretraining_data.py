@@ -371,7 +371,7 @@ def test_script_end_to_end(data_dir, tmp_path):
 
 
 def _reference_pairs(docs, d, max_seq, short_prob, rng):
-    """REFERENCE.md §6 written plainly on lists of token lists (pool = all documents)."""
+    """docs/reference.md §6 written plainly on lists of token lists (pool = all documents)."""
     doc, max_tokens = docs[d], max_seq - 3
     target = rng.randint(2, max_tokens) if rng.random() < short_prob else max_tokens
     out, chunk, length, i = [], [], 0, 0

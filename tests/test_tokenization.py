@@ -1,4 +1,4 @@
-"""The exact tokenizer: the original's golden cases and the rules of REFERENCE.md §5."""
+"""The exact tokenizer: the original's golden cases and the rules of docs/reference.md §5."""
 
 import pytest
 from conftest import shared_path

@@ -1,4 +1,4 @@
-"""Masked-LM / next-sentence instances from tokenized documents (REFERENCE.md §6).
+"""Masked-LM / next-sentence instances from tokenized documents (docs/reference.md §6).
 
 Pure and seeded: functions take plain data (token-id arrays, spans) and an
 rng, and return plain data. The procedure is the original
@@ -38,7 +38,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-# The original's constants (REFERENCE.md §6).
+# The original's constants (docs/reference.md §6).
 RANDOM_NEXT_PROB = 0.5
 MASK_TOKEN_PROB = 0.8  # replace with [MASK]
 KEEP_TOKEN_PROB = 0.1  # keep the original token; the remaining 0.1 is a random vocab id

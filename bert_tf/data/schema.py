@@ -1,4 +1,4 @@
-"""The pretraining TFRecord schema (REFERENCE.md §6), defined once.
+"""The pretraining TFRecord schema (docs/reference.md §6), defined once.
 
 Writers and readers both use this module: `PretrainingRecordEncoder` turns an
 instance into the bytes of one TFRecord record (a serialized

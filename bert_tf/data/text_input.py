@@ -2,7 +2,7 @@
 
 Two layouts:
   * "lines" (the original's): one sentence per line, a blank line between
-    documents (REFERENCE.md §6).
+    documents (docs/reference.md §6).
   * "wiki": WikiExtractor output, `<doc id=.. url=.. title=..>` ... `</doc>`;
     each doc is a document, the first line (the title) is dropped, and each
     paragraph line is split into sentences by `split_sentences`.

@@ -1,4 +1,4 @@
-"""Keras 3 building blocks of the BERT encoder (REFERENCE.md §3)."""
+"""Keras 3 building blocks of the BERT encoder (docs/reference.md §3)."""
 
 from bert_tf.layers.activations import gelu, get_activation
 from bert_tf.layers.attention import SelfAttention, attention_bias_from_mask, causal_attention_bias

@@ -1,4 +1,4 @@
-"""Multi-head self-attention as in the original (REFERENCE.md §3).
+"""Multi-head self-attention as in the original (docs/reference.md §3).
 
 Dimensions: B batch, F "from" positions, T "to" positions (F = T = S for
 self-attention), N heads, D head size (H / N), H hidden size.

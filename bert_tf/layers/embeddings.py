@@ -1,4 +1,4 @@
-"""Word + segment + position embeddings, then LayerNorm and dropout (REFERENCE.md §3).
+"""Word + segment + position embeddings, then LayerNorm and dropout (docs/reference.md §3).
 
 Dimensions: B batch, S sequence length, H hidden size, V vocab size,
 T token types (segments), P max positions.

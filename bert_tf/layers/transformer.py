@@ -1,4 +1,4 @@
-"""One post-LayerNorm Transformer block (REFERENCE.md §3).
+"""One post-LayerNorm Transformer block (docs/reference.md §3).
 
     x = LN(x + dropout(attention(x)))
     x = LN(x + dropout(dense_H(act(dense_I(x)))))

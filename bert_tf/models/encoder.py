@@ -1,4 +1,4 @@
-"""The BERT encoder: embeddings -> post-LN Transformer blocks -> tanh pooler (REFERENCE.md §3).
+"""The BERT encoder: embeddings -> post-LN Transformer blocks -> tanh pooler (docs/reference.md §3).
 
 Dimensions: B batch, S sequence length (any S <= max_position_embeddings), H hidden.
 """

@@ -1,4 +1,4 @@
-"""Output heads on top of the encoder (REFERENCE.md §3).
+"""Output heads on top of the encoder (docs/reference.md §3).
 
 Every head runs in float32 (its own dtype policy), whatever the encoder's
 mixed-precision policy: logits and losses stay accurate, and the extra cost is
@@ -21,7 +21,7 @@ from bert_tf.layers.embeddings import LAYER_NORM_EPSILON
 from bert_tf.layers.normalization import LayerNorm
 
 # Dropout on the pooled output before the classifier; the original hard-codes
-# keep_prob=0.9 in run_classifier.py (REFERENCE.md §3).
+# keep_prob=0.9 in run_classifier.py (docs/reference.md §3).
 CLASSIFIER_DROPOUT = 0.1
 HEAD_DTYPE = "float32"
 

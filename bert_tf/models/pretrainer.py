@@ -1,6 +1,6 @@
 """The pretraining model: encoder + masked-LM + next-sentence heads, with the original losses.
 
-Losses and metrics follow REFERENCE.md §3 (the original run_pretraining.py):
+Losses and metrics follow docs/reference.md §3 (the original run_pretraining.py):
   masked_lm_loss   = sum(w * xent) / (sum(w) + 1e-5), w = masked_lm_weights
   next_sentence_loss = mean xent over the batch
   loss             = masked_lm_loss + next_sentence_loss

@@ -1,4 +1,4 @@
-"""Fine-tuning models: an already built `BertEncoder` plus one head (REFERENCE.md §3).
+"""Fine-tuning models: an already built `BertEncoder` plus one head (docs/reference.md §3).
 
 Dimensions: B batch, S sequence, C choices, L labels. Inputs are the encoder's
 dict (`input_ids`, `input_mask`, `segment_ids`, int32 [B, S]; [B, C, S] for

@@ -1,4 +1,4 @@
-"""Named-entity recognition fine-tuning on CoNLL-2003-format files (REFERENCE.md §7).
+"""Named-entity recognition fine-tuning on CoNLL-2003-format files (docs/reference.md §7).
 
 The library side of run_ner.py: `run(NerRunConfig)` trains, evaluates and predicts on
 `train.txt`, `valid.txt` (or `dev.txt`) and `test.txt` in data_dir (`word ... NER-tag`

@@ -15,7 +15,7 @@ to `eval_results.txt` (`key = value`, the official scripts' keys) and TensorBoar
 `null_score_diff_threshold` to predict with next time. `eval_every_steps` evaluates
 during training and keeps the best model (v1.1 by f1, v2.0 by best_f1) in `output_dir/best`.
 
-Loss: the mean of the start and end cross-entropies (REFERENCE.md §3). Unlike the
+Loss: the mean of the start and end cross-entropies (docs/reference.md §3). Unlike the
 original, padding positions take no part in the softmax: with dynamic padding a
 batch's padding length varies, and the loss must not depend on it (post-processing
 never picks a padding position anyway).
@@ -193,7 +193,7 @@ def _log_best_threshold(m: Dict[str, float], used: float) -> None:
 
     The official sweep answers questions in order of rising null odds with their
     *predicted* text, and those above the threshold used were predicted "": it can
-    only find thresholds at or below the one used (REFERENCE.md §7: typically -1..-5,
+    only find thresholds at or below the one used (docs/reference.md §7: typically -1..-5,
     so predict with the default 0.0 first).
     """
     if m["best_f1"] > m["f1"]:

@@ -1,4 +1,4 @@
-"""SWAG multiple-choice fine-tuning (REFERENCE.md §3, §7).
+"""SWAG multiple-choice fine-tuning (docs/reference.md §3, §7).
 
 The library side of run_swag.py: `run(SwagRunConfig)` trains, evaluates and predicts
 on the SWAG CSVs (`train.csv`, `val.csv`, `test.csv` in data_dir). Each example's four

@@ -1,4 +1,4 @@
-"""In-graph BERT tokenization with tensorflow-text, matching `FullTokenizer` (REFERENCE.md §5).
+"""In-graph BERT tokenization with tensorflow-text, matching `FullTokenizer` (docs/reference.md §5).
 
 Dimensions: B batch, W words, P pieces per word, T wordpieces of a text, S max_seq_length.
 

@@ -1,6 +1,6 @@
 """CoNLL-2003 named-entity recognition: read, featurize (first word piece labelled), score, write back.
 
-File format (REFERENCE.md §7): one word per line, `word POS chunk NER` separated by spaces,
+File format (docs/reference.md §7): one word per line, `word POS chunk NER` separated by spaces,
 a blank line between sentences, `-DOCSTART-` lines between documents. The NER tag is the
 last column. As in the BERT paper, only the first word piece of each word carries the
 word's label; the other pieces, [CLS], [SEP] and padding get `IGNORE_LABEL_ID`.

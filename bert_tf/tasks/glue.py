@@ -1,7 +1,7 @@
 """Sentence(-pair) classification and regression: GLUE, XNLI and your own TSV/CSV files.
 
 A task is a `TaskSpec`: its labels (None = regression), its metric and, per split,
-which file holds it and which columns to read (REFERENCE.md §7). `get_task(name)`
+which file holds it and which columns to read (docs/reference.md §7). `get_task(name)`
 returns the spec of a GLUE task or XNLI; `user_task(...)` describes your own files.
 
   spec = get_task("mrpc")

@@ -1,6 +1,6 @@
 """SQuAD v1.1 / v2.0: read the JSON, cut examples into doc-stride features, turn logits into answers.
 
-The procedure is the original's (REFERENCE.md §7), so predictions match it:
+The procedure is the original's (docs/reference.md §7), so predictions match it:
 - the context is split on whitespace into words (`doc_tokens`); answers are word spans;
 - each word is word-pieced; a context longer than the room left by the question
   (`max_seq_length - len(query) - 3`) becomes several overlapping spans, each starting

@@ -1,6 +1,6 @@
 """The official SQuAD evaluation (v1.1 and v2.0), re-implemented number for number.
 
-v1.1 (REFERENCE.md §7): exact match and token F1 of normalised answers, the max
+v1.1 (docs/reference.md §7): exact match and token F1 of normalised answers, the max
 over the reference answers, averaged over every question (a question without a
 prediction scores 0), in percent: {"exact_match", "f1"}.
 

@@ -1,6 +1,6 @@
 """SWAG multiple choice: read the CSVs, build four `[CLS] context [SEP] choice [SEP]` sequences per example.
 
-CSV columns (REFERENCE.md §7): `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,
+CSV columns (docs/reference.md §7): `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,
 ending0,ending1,ending2,ending3,label` (the test file has no label). The context is
 `sent1`; choice k is `sent2 + " " + ending_k`; each pair is truncated like a GLUE pair.
 Dimension letters: C = NUM_CHOICES, S = max_seq_length.

@@ -1,4 +1,4 @@
-"""Fast batch tokenizer with exactly `FullTokenizer`'s output (REFERENCE.md §5).
+"""Fast batch tokenizer with exactly `FullTokenizer`'s output (docs/reference.md §5).
 
 Why this is exact: after cleaning, every rule of the original works inside one
 whitespace-delimited word (lower-casing, NFD, dropping Mn, punctuation

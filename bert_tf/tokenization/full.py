@@ -1,4 +1,4 @@
-"""The original BERT tokenizer, rule for rule (REFERENCE.md §5).
+"""The original BERT tokenizer, rule for rule (docs/reference.md §5).
 
 `FullTokenizer` = `BasicTokenizer` (clean, split CJK, lower-case/strip accents,
 split punctuation) then `WordpieceTokenizer` (greedy longest-match-first).
@@ -23,7 +23,7 @@ MAX_CHARS_PER_WORD = 200
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
-# CJK Unified Ideographs and extensions, compatibility ideographs (REFERENCE.md §5).
+# CJK Unified Ideographs and extensions, compatibility ideographs (docs/reference.md §5).
 # Hangul, Hiragana and Katakana are deliberately absent, as in the original.
 CJK_RANGES = (
     (0x4E00, 0x9FFF),

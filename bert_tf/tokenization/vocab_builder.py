@@ -8,7 +8,7 @@ never released): every word starts as its characters, word-initial `c` and
 continuation `##c`; the most frequent adjacent pair is merged into one piece
 (`w` + `##o` -> `wo`, `##o` + `##r` -> `##or`) and added to the vocab, until
 the vocab has `vocab_size` entries or no pair occurs `min_frequency` times.
-WordPiece tokenization (greedy longest match, REFERENCE.md §5) then splits
+WordPiece tokenization (greedy longest match, docs/reference.md §5) then splits
 words with this vocab.
 
 Layout, as the original vocabs: [PAD], [unused0..num_unused-1], [UNK], [CLS],

@@ -7,7 +7,7 @@ The pieces a task brings:
                                       of `batch_size` examples, already sharded
                                       for `input_context` (see bert_tf.data.pipelines)
 
-What the loop does with them (DESIGN.md, "Decisions"):
+What the loop does with them (docs/design.md, "Decisions"):
   * `steps_per_loop` steps per host call: one `tf.function` runs a `tf.range`
     loop of `strategy.run(step)`; the per-replica forward/backward can be
     XLA-compiled (`jit_compile`).

@@ -1,4 +1,4 @@
-"""The original BERT optimizer (REFERENCE.md §4), LAMB, and the learning-rate schedule.
+"""The original BERT optimizer (docs/reference.md §4), LAMB, and the learning-rate schedule.
 
 The optimizers here are small `tf.Module`s rather than `keras.optimizers`:
 the training loop all-reduces gradients once, clips them by global norm (the
@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-# REFERENCE.md §4: the original's AdamWeightDecayOptimizer hyper-parameters.
+# docs/reference.md §4: the original's AdamWeightDecayOptimizer hyper-parameters.
 ADAM_BETA_1 = 0.9
 ADAM_BETA_2 = 0.999
 ADAM_EPSILON = 1e-6

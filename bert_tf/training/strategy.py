@@ -1,4 +1,4 @@
-"""Builds the `tf.distribute` strategy named by one flag (DESIGN.md, "Distribution").
+"""Builds the `tf.distribute` strategy named by one flag (docs/design.md, "Distribution").
 
   one_device    the first GPU if there is one, else the CPU
   mirrored      all local GPUs (or the logical CPU devices a test configured)
