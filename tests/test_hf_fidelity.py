@@ -68,20 +68,28 @@ def test_gelu_exact_is_the_erf_form_and_gelu_stays_tanh():
     assert get_activation("gelu_exact") is gelu_exact and get_activation("gelu") is gelu
 
 
-def test_dense_training_path_keeps_the_exact_form_and_its_gradient():
-    """The fused training kernel is tanh-only: a gelu_exact layer must not fall into it."""
+def test_dense_training_kernel_computes_the_exact_form_and_its_gradient():
+    """In training a gelu_exact Dense runs its own fused XLA kernel (not the tanh one): values and
+    gradients (input, kernel, bias) are the erf GELU's, from float64 formulas."""
     layer = Dense(6, activation=gelu_exact)
     x = tf.constant(np.random.default_rng(0).normal(0, 1.5, (4, 5)).astype("float32"))
     layer.build(x.shape)
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = layer(x, training=True)
-    dx = tape.gradient(y, x).numpy()
+        total = tf.reduce_sum(y)
+    dx, dkernel, dbias = (g.numpy() for g in tape.gradient(total, [x, layer.kernel, layer.bias]))
     z = (x @ layer.kernel + layer.bias).numpy().astype("float64")
     erf = np.vectorize(math.erf)
     np.testing.assert_allclose(y.numpy(), 0.5 * z * (1 + erf(z / np.sqrt(2))), atol=1e-6)
-    slope = 0.5 * (1 + erf(z / np.sqrt(2))) + z * np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
+    slope = 0.5 * (1 + erf(z / np.sqrt(2))) + z * np.exp(-z * z / 2) / np.sqrt(2 * np.pi)  # [4, 6]
     np.testing.assert_allclose(dx, slope @ layer.kernel.numpy().T.astype("float64"), atol=1e-5)
+    np.testing.assert_allclose(dkernel, x.numpy().T.astype("float64") @ slope, atol=1e-5)
+    np.testing.assert_allclose(dbias, slope.sum(axis=0), atol=1e-5)
+    # The tanh form's slope differs by more than 1e-3 somewhere on these inputs: the test tells them apart.
+    t = np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))
+    tanh_slope = 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
+    assert np.abs(tanh_slope - slope).sum(axis=0).max() > 1e-3
 
 
 def test_int8_export_recognises_each_gelu():
