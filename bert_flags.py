@@ -170,7 +170,8 @@ def overwrite_output_dir_if_asked(protected=()):
 def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e-5, train_batch_size: int = 32,
                             eval_batch_size: int = 8, num_train_epochs: float = 3.0):
     """The flags every fine-tuning runner shares, with the original run_classifier.py's names and defaults."""
-    flags.DEFINE_string("bert_config_file", None, "The bert_config.json of the pre-trained model (found beside "
+    flags.DEFINE_string("bert_config_file", None, "The bert_config.json (or Hugging Face config.json) of the "
+                        "pre-trained model (found beside "
                         "--init_checkpoint when not given).")
     flags.DEFINE_string("vocab_file", None, "The vocab.txt of the pre-trained model (found beside "
                         "--init_checkpoint when not given).")

@@ -22,7 +22,8 @@ import bert_flags
 from bert_flags import FLAGS, fail
 
 # --- the original's flags
-flags.DEFINE_string("bert_config_file", None, "The config json file corresponding to the pre-trained BERT model.")
+flags.DEFINE_string("bert_config_file", None, "The config json file corresponding to the pre-trained BERT model "
+                    "(an original bert_config.json or a Hugging Face config.json).")
 flags.DEFINE_string("input_file", None, "Input TF example files (comma-separated globs).")
 flags.DEFINE_string("output_dir", None, "The output directory where the model checkpoints will be written.")
 bert_flags.define_overwrite_flag()
