@@ -71,9 +71,10 @@ def test_gelu_exact_is_the_erf_form_and_gelu_stays_tanh():
 def test_dense_training_kernel_computes_the_exact_form_and_its_gradient():
     """In training a gelu_exact Dense runs its own fused XLA kernel (not the tanh one): values and
     gradients (input, kernel, bias) are the erf GELU's, from float64 formulas."""
-    layer = Dense(6, activation=gelu_exact)
+    layer = Dense(6, activation=gelu_exact, dtype="float32", bias_initializer="random_normal")
     x = tf.constant(np.random.default_rng(0).normal(0, 1.5, (4, 5)).astype("float32"))
     layer.build(x.shape)
+    layer.kernel.assign(np.random.default_rng(1).normal(0, 0.5, (5, 6)).astype("float32"))
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = layer(x, training=True)
