@@ -1,4 +1,4 @@
-"""Heads and models: masked-LM at masked positions only, NSP, the pretraining losses of REFERENCE §3, task heads."""
+"""Heads and models: masked-LM at masked positions only, NSP, the pretraining losses of docs/reference.md §3, task heads."""
 
 import keras
 import numpy as np

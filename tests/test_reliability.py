@@ -6,7 +6,7 @@ nothing existing damaged. Most cases run in this process on the toy model of
 tests/test_training_loop.py (the generic Trainer) or on a tiny BERT through
 run_pretraining.py imported in-process; a subprocess is used only where a real
 process death is the fault. Cases already covered elsewhere are listed in
-COVERED_ELSEWHERE (the README's reliability table cites both).
+COVERED_ELSEWHERE (the fault table in docs/reliability.md cites both).
 """
 
 import contextlib
