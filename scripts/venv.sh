@@ -10,8 +10,10 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ "${1:-}" == *test* ]] && ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
   # The test extra's torch (a test-only oracle) must be the CPU build: PyPI's Linux wheel brings
-  # ~3 GB of CUDA libraries. PyTorch's CPU index has it (a local wheel in pip's find-links works too).
-  .venv/bin/python -m pip install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+  # ~3 GB of CUDA libraries. Where pip's find-links hold the CPU wheel (as on our machines) this
+  # takes it; elsewhere pass PyTorch's CPU wheel index in TORCH_PIP_ARGS (--index-url ...).
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q torch==2.13.0 ${TORCH_PIP_ARGS:-}
 fi
 .venv/bin/python -m pip install -q -e ".${1:-}"
 # The real pretrained BERT used by the quickstart and the real-weights tests. It
