@@ -53,8 +53,15 @@ _HARD_EXIT = False
 
 
 def make_strategy():
-    """The tf.distribute strategy the flags ask for; a one-line exit when it cannot be built."""
+    """The tf.distribute strategy the flags ask for; a one-line exit when it cannot be built.
+
+    Every training script starts here, so this is also where the training process gets its one
+    process-wide setting: glibc's malloc keeps freed memory (bert_tf/training/memory.py; no page
+    faults per step). The library itself never changes it."""
+    from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.strategy import StrategyError, get_strategy
+
+    retain_freed_memory()
 
     global _HARD_EXIT
     _HARD_EXIT = strategy_name() == "multi_worker"

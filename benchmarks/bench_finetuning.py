@@ -185,8 +185,10 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import RunSettings, make_trainer
     from bert_tf.training.loop import count_parameters
+    from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.strategy import get_strategy
 
+    retain_freed_memory()  # as run_classifier.py (bert_flags.make_strategy)
     config = BertConfig.named(args.size, vocab_size=VOCAB_SIZE)
     arrays = load_arrays(args.data)
     dynamic = padding != "fixed"
@@ -206,7 +208,7 @@ def run_ours(args, padding, precision, xla):
     training_logger.addHandler(_StepLogHandler(clock))
     training_logger.setLevel(logging.INFO)
     output_dir = tempfile.mkdtemp(prefix="bench_finetuning_")
-    trainer = make_trainer(settings, output_dir, lambda: BertClassifier(BertEncoder(config), NUM_LABELS),
+    trainer = make_trainer(settings, output_dir, lambda: BertClassifier(BertEncoder(config), NUM_LABELS, skip_padding=not xla),
                            classification_loss, num_train_steps=total, global_batch_size=args.batch,
                            warmup_proportion=WARMUP_PROPORTION)
     # The batches the run will see, in order: a pipeline with the same seeds (make_trainer has

@@ -159,9 +159,11 @@ def run_ours(args, precision, xla):
     from bert_tf.models.pretrainer import BertPretrainer
     from bert_tf.training import loop
     from bert_tf.training import optimizer as optimizer_lib
+    from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.pretraining import pretraining_loss_fn
     from bert_tf.training.strategy import get_strategy
 
+    retain_freed_memory()  # as run_pretraining.py (bert_flags.make_strategy)
     layers, hidden = SIZES[args.size]
     config = BertConfig.named(args.size, vocab_size=VOCAB)
     batches = _batches(args)
@@ -171,7 +173,7 @@ def run_ours(args, precision, xla):
             steps_per_loop=args.steps, save_checkpoints_steps=10**9, mixed_precision=precision, jit_compile=xla,
             checkpoint_input_pipeline=False)
         trainer = loop.Trainer(
-            get_strategy("one_device"), train_config, lambda: BertPretrainer(config), pretraining_loss_fn,
+            get_strategy("one_device"), train_config, lambda: BertPretrainer(config, skip_padding=not xla), pretraining_loss_fn,
             lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0))
         trainer.loop_history = _CpuStampedList()  # CPU time between loop records = the timed loops' CPU time
         # The final step saves a checkpoint after the last timed loop; it is not timed.

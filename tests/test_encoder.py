@@ -96,7 +96,7 @@ def _ragged_inputs():
 def test_skip_padding_and_output_positions_keep_the_computed_outputs(encoder):
     x, mask = _ragged_inputs()
     full = encoder(x)
-    packed = encoder(x, skip_padding=True)
+    packed = encoder.real_token_outputs(x)
     real = mask[..., None].astype(bool)
     np.testing.assert_allclose(np.where(real, packed["sequence_output"], 0), np.where(real, full["sequence_output"], 0),
                                atol=1e-5)
@@ -106,19 +106,20 @@ def test_skip_padding_and_output_positions_keep_the_computed_outputs(encoder):
     positions = np.array([[1, 5, 11], [2, 6, 0], [1, 2, 0]], "int32")
     expected = np.take_along_axis(full["sequence_output"].numpy(), positions[..., None], axis=1)
     for skip in (False, True):
-        out = encoder(x, skip_padding=skip, output_positions=positions)
-        assert "sequence_output" not in out and len(out["encoder_outputs"]) == CONFIG.num_hidden_layers - 1
+        out = encoder.outputs_at(x, positions, skip_padding=skip)
+        assert set(out) == {"pooled_output", "position_output"}
         np.testing.assert_allclose(out["position_output"], expected, atol=1e-5)
         np.testing.assert_allclose(out["pooled_output"], full["pooled_output"], atol=1e-5)
+        np.testing.assert_allclose(encoder.pooled_output(x, skip_padding=skip), full["pooled_output"], atol=1e-5)
 
 
 def test_skip_padding_gradients_match(encoder):
     x, mask = _ragged_inputs()
     positions = np.array([[1, 5, 11], [2, 6, 0], [1, 2, 0]], "int32")
     grads = []
-    for kwargs in ({}, dict(skip_padding=True, output_positions=positions)):
+    for run in (encoder, lambda inputs: encoder.outputs_at(inputs, positions, skip_padding=True)):
         with tf.GradientTape() as tape:
-            out = encoder(x, **kwargs)
+            out = run(x)
             if "position_output" in out:
                 picked = out["position_output"]
             else:
@@ -158,7 +159,8 @@ def test_skip_padding_gradients_match_when_the_loss_reads_padding(encoder):
     grads = []
     for skip, w in ((False, weights * mask[..., None]), (True, weights)):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(encoder(x, skip_padding=skip)["sequence_output"] * w)
+            run = encoder.real_token_outputs if skip else encoder
+            loss = tf.reduce_sum(run(x)["sequence_output"] * w)
         grads.append(tape.gradient(loss, encoder.trainable_variables))
     for a, b, v in zip(*grads, encoder.trainable_variables, strict=True):
         assert (a is None) == (b is None) == v.path.startswith("bert/pooler"), v.path

@@ -16,7 +16,7 @@ from bert_tf.data import pipelines, pretraining_job
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
+from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, build_trainer, run_pretraining
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 32, 5
@@ -201,3 +201,13 @@ def test_bad_config_fails_in_one_line(data, tmp_path, changes, message):
         run_pretraining(PretrainingConfig(**base), strategy_lib.get_strategy("one_device"))
     assert str(info.value) == message
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_the_pretrainer_skips_padding_unless_xla_compiled(tmp_path, jit_compile):
+    """The run chooses the encoder's work-skipping: XLA compiles per shape, and the real-token count is one."""
+    config = PretrainingConfig(bert_config=BertConfig(vocab_size=40, **TINY), input_files=[], output_dir=str(tmp_path),
+                               max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True, num_train_steps=2,
+                               num_warmup_steps=0, jit_compile=jit_compile)
+    trainer = build_trainer(config, strategy_lib.get_strategy("one_device"))
+    assert trainer.model.skip_padding is not jit_compile

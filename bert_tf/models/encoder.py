@@ -1,6 +1,26 @@
 """The BERT encoder: embeddings -> post-LN Transformer blocks -> tanh pooler (docs/reference.md §3).
 
-Dimensions: B batch, S sequence length (any S <= max_position_embeddings), H hidden.
+`BertEncoder.call` is that forward pass and nothing else. Callers that read only
+part of its output can ask for the same numbers with less work, by name:
+
+  pooled_output(inputs)          [B, S] ids -> [B, H]        the last block at [CLS] only
+  outputs_at(inputs, positions)  [B, S], [B, P] -> [B, H], [B, P, H]
+                                 the last block at [CLS] and P positions only
+  real_token_outputs(inputs)     call() with the dense layers on real tokens only
+
+The first two also skip padding unless told not to (`skip_padding=False`).
+Skipping padding runs every dense layer, LayerNorm and dropout on the real
+tokens' rows (`bert_tf/layers/layout.py` TokenLayout.real_tokens; about 15% of
+the work on pretraining data); computing the last block at a few positions
+saves most of a block when a head reads only those (the classifier reads
+[CLS], the masked LM ~15% of positions). Neither changes the values that are
+computed, nor the gradients (tests/test_encoder.py compares both with call()).
+The real-token row count is a shape that changes from batch to batch, so
+XLA-compiled training builds its models with skip_padding=False: the caller
+chooses (bert_tf/training/pretraining.py, the fine-tuning runners).
+
+Dimensions: B batch, S sequence length (any S <= max_position_embeddings),
+H hidden, P positions read, T token rows.
 """
 
 from __future__ import annotations
@@ -88,16 +108,19 @@ class BertEncoder(keras.Model):
         self.pooler.build((None, self.config.hidden_size))
 
     # --- forward pass
-    def call(self, inputs, training=False, skip_padding=False, output_positions=None, word_table=None):
-        """`skip_padding=True` runs the dense layers on the real tokens only
-        (padded positions of sequence_output/encoder_outputs are then zero).
-        `output_positions` int [B, P] computes the last block only at [CLS] and
-        those positions: the result has `position_output` [B, P, H] instead of
-        `sequence_output`, and `encoder_outputs` lacks the last block. Neither
-        changes the outputs at the positions computed. `word_table` [V, H]
-        (the word-embedding variable's value, in the compute dtype) is looked
-        up instead of reading the variable: the pretrainer ties it to the MLM head.
-        """
+    def call(self, inputs, training=False):
+        """-> {"sequence_output": [B, S, H], "pooled_output": [B, H], "encoder_outputs": [[B, S, H]] * L}."""
+        x, input_mask = self.embed(inputs, training=training)  # [B, S, H]
+        encoder_outputs = []
+        for block in self.blocks:
+            x = block(x, input_mask, training=training)  # [B, S, H]
+            encoder_outputs.append(x)
+        return {"sequence_output": x, "pooled_output": self.pool(x, input_mask), "encoder_outputs": encoder_outputs}
+
+    def embed(self, inputs, training=False, word_table=None):
+        """The input dict (int [B, S] each of INPUT_NAMES) -> (embeddings [B, S, H], input_mask int32 [B, S]).
+        `word_table` [V, H] (the word-embedding variable's value, in the compute dtype) is looked
+        up instead of reading the variable: the pretrainer ties it to the MLM head."""
         for key in INPUT_NAMES:
             if key not in inputs:
                 raise KeyError(f"BertEncoder inputs: missing {key!r}; expected {', '.join(INPUT_NAMES)}")
@@ -108,38 +131,59 @@ class BertEncoder(keras.Model):
                 f"sequence length {seq_length} exceeds max_position_embeddings "
                 f"{self.config.max_position_embeddings} of the bert_config"
             )
-        if output_positions is not None and self.causal:
-            raise ValueError("a causal encoder computes every position; output_positions needs a bidirectional one")
         segment_ids = ops.cast(inputs["segment_ids"], "int32")
-        input_mask = ops.cast(inputs["input_mask"], "int32")
-        x = self.embeddings(input_ids, segment_ids, training=training, word_table=word_table)  # [B, S, H]
-        batch = ops.shape(x)[0]
-        if skip_padding:
-            layout = TokenLayout.real_tokens(input_mask)
-        else:
-            layout = TokenLayout.dense(batch, ops.shape(x)[1])
-        rows = layout.to_rows(x)  # [T, H]
-        blocks = self.blocks
-        full_blocks = blocks if output_positions is None else blocks[:-1]
-        encoder_outputs = []
-        for block in full_blocks:
-            rows = block(rows, input_mask, training=training, layout=layout)
-            encoder_outputs.append(layout.to_grid(rows))  # unused grids are pruned from traced graphs
-        if output_positions is not None:
-            positions = ops.concatenate([ops.zeros((batch, 1), "int32"), ops.cast(output_positions, "int32")], 1)
-            query_rows = ops.reshape(layout.rows_of(positions), ops.shape(positions))  # [B, 1 + P]
-            out = blocks[-1](rows, input_mask, training=training, layout=layout, query_rows=query_rows)
-            out = ops.reshape(out, (batch, ops.shape(positions)[1], self.config.hidden_size))  # [B, 1 + P, H]
-            return {"pooled_output": self.pooler(out[:, 0, :]), "position_output": out[:, 1:, :],
-                    "encoder_outputs": encoder_outputs}
-        x = encoder_outputs[-1]  # [B, S, H]
+        x = self.embeddings(input_ids, segment_ids, training=training, word_table=word_table)
+        return x, ops.cast(inputs["input_mask"], "int32")
+
+    def pool(self, sequence_output, input_mask):
+        """[B, S, H] -> [B, H]: tanh(dense(x)) at [CLS]; causal, at the last real token."""
         if self.causal:
             last = ops.maximum(ops.sum(input_mask, axis=1) - 1, 0)  # [B]: the last real position
-            first_token = ops.take_along_axis(x, last[:, None, None], axis=1)[:, 0, :]  # [B, H]
+            first_token = ops.take_along_axis(sequence_output, last[:, None, None], axis=1)[:, 0, :]
         else:
-            first_token = x[:, 0, :]  # [B, H]: the [CLS] position
-        pooled = self.pooler(first_token)  # [B, H]
-        return {"sequence_output": x, "pooled_output": pooled, "encoder_outputs": encoder_outputs}
+            first_token = sequence_output[:, 0, :]  # the [CLS] position
+        return self.pooler(first_token)
+
+    # --- the same numbers with less work (see the module docstring)
+    def pooled_output(self, inputs, training=False, skip_padding=True):
+        """[B, S] inputs -> pooled_output [B, H], the last block computed at [CLS] only (a classifier
+        reads nothing else). A causal encoder pools its last token: call() computes everything."""
+        if self.causal:
+            return self(inputs, training=training)["pooled_output"]
+        no_positions = ops.zeros((ops.shape(inputs["input_ids"])[0], 0), "int32")
+        return self.outputs_at(inputs, no_positions, training=training, skip_padding=skip_padding)["pooled_output"]
+
+    def outputs_at(self, inputs, positions, training=False, skip_padding=True, word_table=None):
+        """[B, S] inputs, positions int [B, P] -> {"pooled_output": [B, H], "position_output": [B, P, H]},
+        call()'s pooled_output and sequence_output at `positions`, with the last block computed only
+        at [CLS] and those positions. `word_table` as in embed()."""
+        if self.causal:
+            raise ValueError("a causal encoder computes every position; outputs_at needs a bidirectional one")
+        x, input_mask = self.embed(inputs, training=training, word_table=word_table)  # [B, S, H]
+        batch = ops.shape(x)[0]
+        layout = TokenLayout.real_tokens(input_mask) if skip_padding else TokenLayout.dense(batch, ops.shape(x)[1])
+        rows = layout.to_rows(x)  # [T, H]
+        *blocks, last_block = self.blocks
+        for block in blocks:
+            rows = block(rows, input_mask, training=training, layout=layout)  # [T, H]
+        positions = ops.concatenate([ops.zeros((batch, 1), "int32"), ops.cast(positions, "int32")], 1)  # [B, 1 + P]
+        query_rows = ops.reshape(layout.rows_of(positions), ops.shape(positions))  # [B, 1 + P]
+        out = last_block(rows, input_mask, training=training, layout=layout, query_rows=query_rows)  # [B * (1 + P), H]
+        out = ops.reshape(out, (batch, ops.shape(positions)[1], self.config.hidden_size))  # [B, 1 + P, H]
+        return {"pooled_output": self.pooler(out[:, 0, :]), "position_output": out[:, 1:, :]}
+
+    def real_token_outputs(self, inputs, training=False):
+        """call() with the dense layers on real tokens only: the same outputs at real positions and
+        the same pooled_output; sequence_output and encoder_outputs are zero at padded positions."""
+        x, input_mask = self.embed(inputs, training=training)  # [B, S, H]
+        layout = TokenLayout.real_tokens(input_mask)
+        rows = layout.to_rows(x)  # [T, H]
+        encoder_outputs = []
+        for block in self.blocks:
+            rows = block(rows, input_mask, training=training, layout=layout)  # [T, H]
+            encoder_outputs.append(layout.to_grid(rows))  # [B, S, H]
+        x = encoder_outputs[-1]
+        return {"sequence_output": x, "pooled_output": self.pool(x, input_mask), "encoder_outputs": encoder_outputs}
 
     # --- config
     def get_config(self):

@@ -103,7 +103,8 @@ class BertPretrainer(keras.Model):
         super().__init__(name=name, **kwargs)
         self.config = config
         self.use_next_sentence_prediction = use_next_sentence_prediction
-        # Dense layers on real tokens only; needs dynamic shapes, so XLA-compiled training turns it off.
+        # Dense layers on real tokens only (the same numbers): a shape that changes from batch to
+        # batch, so XLA-compiled training builds the pretrainer with skip_padding=False.
         self.skip_padding = skip_padding
         self.encoder = encoder if encoder is not None else BertEncoder(config)
         self.masked_lm = MaskedLMHead(
@@ -121,8 +122,8 @@ class BertPretrainer(keras.Model):
         """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP)}."""
         # The last block runs only at [CLS] and the masked positions: nothing else reaches a loss.
         lookup_table, output_table = _tied(ops.cast(self.encoder.word_embeddings, self.encoder.compute_dtype))
-        outputs = self.encoder(features, training=training, skip_padding=self.skip_padding,
-                               output_positions=features["masked_lm_positions"], word_table=lookup_table)
+        outputs = self.encoder.outputs_at(features, features["masked_lm_positions"], training=training,
+                                          skip_padding=self.skip_padding, word_table=lookup_table)
         result = {"masked_lm_logits": self.masked_lm(outputs["position_output"], None, output_table)}
         if self.next_sentence is not None:
             result["next_sentence_logits"] = self.next_sentence(outputs["pooled_output"])

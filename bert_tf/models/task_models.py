@@ -14,38 +14,34 @@ from bert_tf.models.encoder import INPUT_NAMES, BertEncoder
 from bert_tf.models.heads import ClassificationHead, MultipleChoiceHead, SpanHead, TokenTaggingHead
 
 
-def pooled_output(encoder: BertEncoder, inputs, training=False, skip_padding=False):
-    """encoder(inputs)["pooled_output"], with the last block computed at [CLS] only (exact; a
-    classifier reads nothing else) and, with skip_padding, dense layers on real tokens only.
-    A causal encoder pools its last token and computes everything."""
-    if encoder.causal:
-        return encoder(inputs, training=training)["pooled_output"]
-    no_positions = ops.zeros((ops.shape(inputs["input_ids"])[0], 0), "int32")
-    return encoder(inputs, training=training, skip_padding=skip_padding,
-                   output_positions=no_positions)["pooled_output"]
-
-
 class _PooledModel(keras.Model):
-    """A model that reads only the pooled output. `skip_padding` (default on) runs the dense layers
-    on real tokens only: the same outputs, less work for padded batches; it needs dynamic shapes,
-    so the Trainer turns it off for XLA-compiled training."""
+    """A model that reads only the pooled output: its encoder computes the last block at [CLS] only
+    and, with `skip_padding` (the default), the dense layers on real tokens only (BertEncoder.pooled_output;
+    the same numbers). Skipping padding gives a shape that changes from batch to batch: XLA-compiled
+    training builds its model with skip_padding=False."""
 
-    skip_padding = True
+    def __init__(self, encoder: BertEncoder, skip_padding: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.skip_padding = skip_padding
+
+    def pooled_output(self, inputs, training=False):
+        """[B, S] inputs -> [B, H]."""
+        return self.encoder.pooled_output(inputs, training=training, skip_padding=self.skip_padding)
 
 
 class BertClassifier(_PooledModel):
     """Sentence(-pair) classification; `num_labels=1` is regression (STS-B). -> logits [B, L]."""
 
-    def __init__(self, encoder: BertEncoder, num_labels: int, name: str = "bert_classifier", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.encoder = encoder
+    def __init__(self, encoder: BertEncoder, num_labels: int, name: str = "bert_classifier",
+                 skip_padding: bool = True, **kwargs):
+        super().__init__(encoder, skip_padding, name=name, **kwargs)
         self.num_labels = num_labels
         self.head = ClassificationHead(num_labels, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
 
     def call(self, inputs, training=False):
-        pooled = pooled_output(self.encoder, inputs, training=training, skip_padding=self.skip_padding)
-        return self.head(pooled, training=training)
+        return self.head(self.pooled_output(inputs, training=training), training=training)
 
 
 class BertSpanLabeler(keras.Model):
@@ -65,9 +61,9 @@ class BertSpanLabeler(keras.Model):
 class BertMultipleChoice(_PooledModel):
     """SWAG-style multiple choice: inputs int32 [B, C, S] -> logits [B, C] (softmax over C)."""
 
-    def __init__(self, encoder: BertEncoder, num_choices: int, name: str = "bert_multiple_choice", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.encoder = encoder
+    def __init__(self, encoder: BertEncoder, num_choices: int, name: str = "bert_multiple_choice",
+                 skip_padding: bool = True, **kwargs):
+        super().__init__(encoder, skip_padding, name=name, **kwargs)
         self.num_choices = num_choices
         self.head = MultipleChoiceHead(num_choices, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
@@ -76,7 +72,7 @@ class BertMultipleChoice(_PooledModel):
         seq_length = ops.shape(inputs["input_ids"])[-1]
         # [B, C, S] -> [B * C, S]: every (context, choice) pair is encoded on its own.
         flat = {key: ops.reshape(inputs[key], (-1, seq_length)) for key in INPUT_NAMES}
-        pooled = pooled_output(self.encoder, flat, training=training, skip_padding=self.skip_padding)  # [B * C, H]
+        pooled = self.pooled_output(flat, training=training)  # [B * C, H]
         return self.head(pooled, training=training)
 
 

@@ -112,7 +112,8 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             eval_sets[split] = _features(cfg, tokenizer, split)
 
     def model_fn():
-        return BertClassifier(pretrained.build_encoder(), num_labels=task.num_labels)
+        return BertClassifier(pretrained.build_encoder(), num_labels=task.num_labels,
+                              skip_padding=not settings.jit_compile)
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, classification_loss,
                                   num_train_steps=num_train_steps, global_batch_size=cfg.train_batch_size,

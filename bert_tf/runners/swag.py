@@ -104,7 +104,8 @@ def run(cfg: SwagRunConfig) -> Dict[str, Dict[str, float]]:
     test = _features(cfg, tokenizer, "test") if cfg.do_predict else None
 
     def model_fn():
-        return BertMultipleChoice(pretrained.build_encoder(), num_choices=swag.NUM_CHOICES)
+        return BertMultipleChoice(pretrained.build_encoder(), num_choices=swag.NUM_CHOICES,
+                                  skip_padding=not settings.jit_compile)
 
     trainer = common.make_trainer(settings, cfg.output_dir, model_fn, multiple_choice_loss,
                                   num_train_steps=num_train_steps, global_batch_size=cfg.train_batch_size,

@@ -48,7 +48,6 @@ import tensorflow as tf
 
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.memory import retain_freed_memory
 
 logger = logging.getLogger("bert_tf.training")
 
@@ -100,6 +99,8 @@ class TrainConfig:
     model_dir: checkpoints, summaries; resumed from when it holds a checkpoint.
     train_steps: total optimizer steps (the run stops at this global step).
     global_batch_size: examples per optimizer step over all replicas and micro-batches.
+    jit_compile: XLA-compile the step. Build models that skip padding with skip_padding=False
+      for it (bert_tf/models/encoder.py: the real-token count changes from batch to batch).
     """
 
     model_dir: str
@@ -221,8 +222,6 @@ class Trainer:
         self.is_chief = strategy_lib.is_chief(strategy)
         with strategy.scope(), dtype_policy(config.mixed_precision):
             self.model = model_fn()
-            if config.jit_compile and getattr(self.model, "skip_padding", False):
-                self.model.skip_padding = False  # XLA needs static shapes; the real-token count is not
             self.optimizer = optimizer_fn(self.model.trainable_variables)
             self.loss_scale = _LossScale() if config.mixed_precision == "float16" else None
         self.global_step = self.optimizer.iterations
@@ -482,7 +481,6 @@ class Trainer:
         Raises NonFiniteLossError (nothing saved) or TrainingPreempted (after saving).
         """
         c = self.config
-        retain_freed_memory()  # no page faults per step on CPU (bert_tf/training/memory.py)
         replicas = self.strategy.num_replicas_in_sync
         per_replica = c.global_batch_size // (replicas * c.num_micro_batches)
         dist = self.distribute(dataset_fn, per_replica, c.num_micro_batches)

@@ -246,7 +246,8 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
             from bert_tf.models.language_model import LeftToRightPretrainer
 
             return LeftToRightPretrainer(config.bert_config)
-        return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction)
+        return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction,
+                              skip_padding=not config.jit_compile)  # XLA: no per-batch row count
 
     def optimizer_fn(variables):
         return optimizer_lib.create_optimizer(
