@@ -20,7 +20,7 @@ XLA-compiled training builds its models with skip_padding=False: the caller
 chooses (bert_tf/training/pretraining.py, the fine-tuning runners).
 
 Dimensions: B batch, S sequence length (any S <= max_position_embeddings),
-H hidden, P positions read, T token rows.
+H hidden, P positions read, T token rows, L blocks (num_hidden_layers).
 """
 
 from __future__ import annotations
