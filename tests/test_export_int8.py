@@ -90,19 +90,19 @@ def exports(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ the arithmetic
-def _float_and_int8(x, kernel, bias, activation=None, weight_scale="channel"):
+def _float_and_int8(x, kernel, bias, activation=None, weight_scale="channel", cls=quantization.Int8Dense):
     layer = keras.layers.Dense(kernel.shape[1], activation=activation)
     layer.build((None, kernel.shape[0]))
     layer.set_weights([kernel, bias])
-    int8 = quantization.Int8Dense(layer, weight_scale)
+    int8 = cls(layer, weight_scale)
     return layer(x).numpy(), tf.function(int8.__call__, autograph=False)(tf.constant(x)).numpy(), int8
 
 
-def _rounding_sd(x, kernel):
+def _rounding_sd(x, kernel, per_row=False):
     """[M, N]: the standard deviation of x @ kernel's error from rounding x to 255 steps over [min, max]
-    and each kernel column to WEIGHT_LEVELS steps of its max|W| (independent errors, each uniform over
-    one step: variance step^2 / 12)."""
-    step_x = (x.max() - x.min()) / 255.0
+    (of the tensor, or of each row) and each kernel column to WEIGHT_LEVELS steps of its max|W|
+    (independent errors, each uniform over one step: variance step^2 / 12)."""
+    step_x = (np.ptp(x, axis=1, keepdims=True) if per_row else np.ptp(x)) / 255.0
     step_w = np.abs(kernel).max(axis=0) / quantization.WEIGHT_LEVELS  # [N]
     var = (x ** 2).sum(1, keepdims=True) * step_w ** 2 / 12 + (kernel ** 2).sum(0) * step_x ** 2 / 12
     return np.sqrt(var)
@@ -126,6 +126,31 @@ def test_int8_dense_matches_a_float_matmul_on_negative_activations():
     assert _cosine(got, expected).min() > 0.999
     _, per_tensor, _ = _float_and_int8(x, kernel, bias, weight_scale="tensor")
     assert np.abs(per_tensor - expected).mean() > 1.5 * np.abs(got - expected).mean()
+
+
+def test_token_ranges_follow_each_row_and_ignore_the_batch():
+    """The output projections' variant: one activation range per row (token). A row with small values
+    beside a row with large ones keeps its own resolution, and its result does not depend on them."""
+    rng = np.random.default_rng(3)
+    scales = np.where(np.arange(48) % 2, 20.0, 0.2).astype(np.float32)[:, None]  # tokens 100x apart in size
+    x = rng.standard_normal((48, 192)).astype(np.float32) * scales
+    kernel = (rng.standard_normal((192, 64)) * 0.05).astype(np.float32)
+    bias = rng.normal(0, 0.5, 64).astype(np.float32)
+    cls = quantization.Int8DenseTokenRanges
+    expected, got, int8 = _float_and_int8(x, kernel, bias, cls=cls)
+    z = np.abs(got - expected) / _rounding_sd(x, kernel, per_row=True)
+    assert z.max() < 6.0, z.max()  # the bound of the per-tensor test, with each row's own step
+    _, per_tensor, _ = _float_and_int8(x, kernel, bias)
+    # Against the int8 weights' own values only the activations' rounding is left: on the small rows,
+    # which a tensor-wide range rounds in steps 100x too coarse, per-row ranges err 10x less or better.
+    exact_weights = x @ (int8.kernel_q * (int8.w_max / quantization.WEIGHT_LEVELS)) + bias
+    small = scales[:, 0] < 1
+    assert np.abs(got - exact_weights)[small].mean() < 0.1 * np.abs(per_tensor - exact_weights)[small].mean()
+    alone = tf.function(int8.__call__, autograph=False)(tf.constant(x[:5])).numpy()
+    np.testing.assert_allclose(alone, got[:5], rtol=0, atol=1e-5 * np.abs(expected).max())
+    constant = np.full((2, 192), 0.3, np.float32)  # max == min: no division by zero
+    np.testing.assert_allclose(tf.function(int8.__call__, autograph=False)(tf.constant(constant)).numpy(),
+                               constant @ kernel + bias, rtol=0, atol=_rounding_sd(constant, kernel).max() * 6)
 
 
 def test_fused_activations_are_recognised_and_computed_in_the_kernel():
@@ -210,6 +235,8 @@ def test_int8_export_metadata_signatures_and_size(exports):
     assert meta["quantization"] == "int8-dynamic"
     method = meta["quantization_method"]
     assert method["quantized_layers"] == 12 and method["weight_scale"] == "channel"
+    assert method["weight_levels"] == quantization.WEIGHT_LEVELS and "AVX2" in method["isa"]
+    assert method["token_range_layers"] == ["attention/output_dense", "output_dense"]
     assert "_QuantizedMatMul" in method["kernel"]
     assert "quantization" not in json.loads((base / "fp32" / "assets" / "bert_tf_export.json").read_text("utf-8"))
     loaded = tf.saved_model.load(str(base / "int8"))
