@@ -268,7 +268,9 @@ def bfloat16_info(onednn: dict) -> dict:
         return {"pays": False, "detail": "the CPU has bfloat16 instructions but oneDNN is off (TF_ENABLE_ONEDNN_OPTS)"}
     capped = [name for name in BF16_FAST_ISA if name in (onednn.get("isa_capped_away") or [])]
     if capped:
-        return {"pays": False, "detail": f"{', '.join(capped)} capped away by ONEDNN_MAX_CPU_ISA"}
+        # TF 2.20 picks its oneDNN bfloat16/float16 kernels by the CPU's flags, not by the cap.
+        return {"pays": False, "detail": f"{', '.join(capped)} capped away by ONEDNN_MAX_CPU_ISA; TF 2.20 crashes "
+                "(segfault) on bfloat16/float16 matmuls in this state: train in float32 or drop the cap"}
     return {"pays": False, "detail": "no AVX512-BF16 or AMX-BF16 on this CPU (oneDNN computes bfloat16 in float32)"
             if used is not None else "the CPU's ISA is unknown"}
 

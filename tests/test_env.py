@@ -80,8 +80,9 @@ def test_int8_and_bfloat16_verdicts_follow_the_isa_onednn_may_use(monkeypatch):
     capped = env.onednn_info(ALL_ISA)
     assert env.int8_info(capped)["verdict"] == "runs"
     assert "capped away by ONEDNN_MAX_CPU_ISA=AVX2" in env.int8_info(capped)["detail"]
-    assert env.bfloat16_info(capped) == {"pays": False, "detail": "AMX_BF16, AVX512_BF16 capped away by "
-                                                                  "ONEDNN_MAX_CPU_ISA"}
+    bf16 = env.bfloat16_info(capped)
+    assert bf16["pays"] is False
+    assert bf16["detail"].startswith("AMX_BF16, AVX512_BF16 capped away by ONEDNN_MAX_CPU_ISA; TF 2.20 crashes")
 
 
 def test_command_line_prints_json_and_text():
