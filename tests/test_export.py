@@ -17,9 +17,13 @@ from conftest import REPO, TINY_VOCAB, WITHOUT_BERT_TF, shared_path
 
 from bert_tf.configs import BertConfig, write_run_info
 from bert_tf.export import (
+    EXPORT_TYPES,
+    SERVING_MODULES,
+    TASK_TYPES,
     ExportError,
     build_task_model,
     export_model_dir,
+    export_serving_model,
     read_model_dir,
     restore_model_dir,
 )
@@ -298,6 +302,53 @@ def test_encoder_export_has_tf_hub_names_and_reproduces_the_encoder(exported):
                   "input_type_ids": features["segment_ids"]})
     assert len(hub["encoder_outputs"]) == 2
     np.testing.assert_allclose(hub["pooled_output"], expected["pooled_output"], atol=1e-5)
+
+
+def test_every_task_type_but_pretraining_has_one_serving_module():
+    assert set(EXPORT_TYPES) == {"encoder"} | set(TASK_TYPES) - {"pretraining"}
+    assert len({module.__module__ for module in SERVING_MODULES.values()}) == 5  # regression shares classifier's
+    assert [t for t, module in SERVING_MODULES.items() if module.serves_encoder] == ["encoder"]
+
+
+def test_multiple_choice_and_regression_exports_reproduce_their_models(tmp_path):
+    choices = [["the cat sat.", "the dog sat.", "hello!"], ["on the mat", "how are you?", "lowest"]]
+    contexts = ["the cat sat on the mat.", "how are you?"]
+    model = _make_model_dir(tmp_path / "swag_dir", dict(do_lower_case=True, max_seq_length=SEQ,
+                                                         task_type="multiple_choice", num_choices=3))
+    export_model_dir(str(tmp_path / "swag_dir"), str(tmp_path / "swag"))
+    loaded = tf.saved_model.load(str(tmp_path / "swag"))
+    out = loaded.signatures["serving_default"](context=tf.constant(contexts), choices=tf.constant(choices))
+    vocab = str(tmp_path / "swag_dir" / "vocab.txt")
+    flat = _python_features(vocab, [c for c in contexts for _ in range(3)], sum(choices, []), SEQ)
+    expected = model({k: tf.reshape(v, (2, 3, SEQ)) for k, v in flat.items()}).numpy()  # [B, C]
+    np.testing.assert_allclose(out["logits"], expected, atol=1e-5)
+    np.testing.assert_array_equal(out["choice"], expected.argmax(-1))
+    assert np.ptp(out["probabilities"].numpy()) > 0.05  # the choices get different scores
+
+    model = _make_model_dir(tmp_path / "sts_dir", dict(do_lower_case=True, max_seq_length=SEQ,
+                                                       task_type="regression"))
+    export_model_dir(str(tmp_path / "sts_dir"), str(tmp_path / "sts"))
+    out = tf.saved_model.load(str(tmp_path / "sts")).signatures["serving_default"](
+        text_a=tf.constant(TEXTS_A), text_b=tf.constant(TEXTS_B))
+    assert set(out) == {"score"}
+    expected = model(_python_features(str(tmp_path / "sts_dir" / "vocab.txt"), TEXTS_A, TEXTS_B, SEQ))
+    np.testing.assert_allclose(out["score"], expected.numpy()[:, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("export_type,options,message", [
+    ("pretraining", {}, "task_type 'pretraining' cannot be exported; expected one of encoder, classification"),
+    ("classification", {}, "classification export needs a label_list"),
+    ("tagging", {}, "tagging export needs a label_list"),
+    ("multiple_choice", {}, "multiple_choice export needs num_choices >= 2, got None"),
+    ("span", dict(max_query_length=14), "max_seq_length 16 leaves no room for a context after max_query_length 14"),
+])
+def test_options_a_serving_module_cannot_use_give_one_line_errors(exported, tmp_path, export_type, options,
+                                                                    message):
+    with pytest.raises(ExportError) as info:
+        export_serving_model(exported["model"], export_type, str(tmp_path / "out"), str(exported["base"] / "model_dir" / "vocab.txt"),
+                             do_lower_case=True, max_seq_length=SEQ, **options)
+    assert str(info.value).startswith(message)
+    assert not (tmp_path / "out").exists()
 
 
 def test_restore_model_dir_returns_the_trained_weights(exported):

@@ -297,3 +297,37 @@ def pack_pair(ids_a: tf.RaggedTensor, ids_b: tf.RaggedTensor, seq_length: int, c
         "input_mask": tf.cast(mask, tf.int32),
         "input_type_ids": tf.cast(type_ids, tf.int32),
     }
+
+
+def tokenizer_metadata(do_lower_case: bool, strip_accents: Optional[bool]) -> dict:
+    """What the in-graph tokenizer does, and where it can differ from FullTokenizer (the export's metadata)."""
+    import tensorflow_text as tf_text
+
+    diffs = unicode_differences()
+    return {
+        "rules": "FullTokenizer (google-research/bert tokenization.py), in-graph with tensorflow-text",
+        "do_lower_case": bool(do_lower_case),
+        "strip_accents": bool(do_lower_case if strip_accents is None else strip_accents),
+        "max_chars_per_word": 200,
+        "python_unicode_version": unicodedata.unidata_version,
+        "tensorflow_version": tf.__version__,
+        "tensorflow_text_version": getattr(tf_text, "__version__", "unknown"),
+        "patched_characters": {
+            "lower": "".join(sorted(diffs["lower"])) if do_lower_case else "",
+            "nfd": "".join(sorted(diffs["nfd"])),
+        },
+        "differences_from_fulltokenizer": [
+            "Character classes (control, whitespace, punctuation, Mn) were copied from Python "
+            f"{unicodedata.unidata_version} unicodedata at export; lower-casing and NFD run on the ICU of the "
+            "serving tensorflow / tensorflow-text, patched at export for every single code point where that "
+            "ICU disagreed with Python. Serving with other tensorflow(-text) versions may change characters "
+            "whose Unicode properties changed between versions.",
+            "Final sigma: a capital sigma next to a character whose case-ignorable/cased property differs "
+            "between Python's and ICU's Unicode version (e.g. U+0898-089F, U+1734) can lower-case to the "
+            "other sigma form (about 300 such code points, none in ordinary text).",
+            "Invalid UTF-8 is dropped as Python's decode(errors='ignore') does; the exact bytes dropped "
+            "around an invalid sequence may differ.",
+            "Vocab lines that are duplicates after stripping keep the last id for lookup, as the original; "
+            "the earlier line's id detokenizes to a placeholder.",
+        ],
+    }
