@@ -47,6 +47,7 @@ def main(_):
         do_eval=FLAGS.do_eval, do_lower_case=FLAGS.do_lower_case, max_seq_length=FLAGS.max_seq_length,
         doc_stride=FLAGS.doc_stride, max_query_length=FLAGS.max_query_length,
         train_batch_size=FLAGS.train_batch_size, predict_batch_size=FLAGS.predict_batch_size,
+        eval_batch_size=FLAGS.predict_batch_size,  # the dev file is evaluated as it is predicted
         num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
         n_best_size=FLAGS.n_best_size, max_answer_length=FLAGS.max_answer_length,
         null_score_diff_threshold=FLAGS.null_score_diff_threshold, eval_every_steps=FLAGS.eval_every_steps,

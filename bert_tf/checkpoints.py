@@ -189,15 +189,13 @@ def _check_encoder_coverage(report: LoadReport, source: str) -> None:
 
 def resolve_tf1_checkpoint(path: str) -> str:
     """A checkpoint prefix from a prefix or a folder (its latest checkpoint: the `checkpoint` state
-    file's, else the highest ckpt-N; else bert_model.ckpt)."""
+    file's, else the highest step: bert_tf.model_dir.latest_checkpoint; else bert_model.ckpt)."""
     import tensorflow as tf
 
+    from bert_tf import model_dir
+
     if tf.io.gfile.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if latest is None:
-            steps = [m.group(1) for f in tf.io.gfile.listdir(path) if (m := re.fullmatch(r"ckpt-(\d+)\.index", f))]
-            latest = os.path.join(path, f"ckpt-{max(steps, key=int)}") if steps else None
-        path = latest or os.path.join(path, "bert_model.ckpt")
+        path = model_dir.latest_checkpoint(path) or os.path.join(path, "bert_model.ckpt")
     if not tf.io.gfile.exists(path + ".index"):
         raise CheckpointError(f"{path}: no checkpoint found (expected {path}.index)")
     return path
@@ -621,9 +619,11 @@ def convert_checkpoint(
         write_tf1_checkpoint(model, output_path)
     else:
         write_checkpoint(model, output_path)
-    bert_config.to_json_file(os.path.join(folder, "bert_config.json"))
+    from bert_tf import model_dir
+
+    model_dir.write_config(folder, bert_config)
     if vocab_file:
-        _copy_atomic(vocab_file, os.path.join(folder, "vocab.txt"))
+        _copy_atomic(vocab_file, model_dir.vocab_path(folder))
     return output_path
 
 
@@ -636,17 +636,19 @@ def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_
     info = read_run_info(folder) if folder else {}
     if os.path.isdir(input_path) and info.get("task_type") not in (None, "pretraining"):
         # A fine-tuned model dir: its task model, heads and labels as the runners saved them.
-        from bert_tf.export import ExportError, restore_model_dir
+        from bert_tf import model_dir
 
         try:
-            model = restore_model_dir(input_path)
-        except ExportError as e:
+            model = model_dir.restore(input_path)
+        except model_dir.ModelDirError as e:
             raise CheckpointError(str(e)) from None
         return model, _encoder_of(model).config, info
 
     input_format = input_format or detect_format(input_path)
     if bert_config is None:
-        beside = os.path.join(folder, "bert_config.json")
+        from bert_tf.model_dir import config_path
+
+        beside = config_path(folder)
         if input_format == "hf":
             _, config_file = _hf_files(input_path)
             if config_file is None:
@@ -687,5 +689,7 @@ def _hf_do_lower_case(folder: str) -> Optional[bool]:
 
 def _vocab_beside(path: str) -> Optional[str]:
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    candidate = os.path.join(folder, "vocab.txt")
+    from bert_tf.model_dir import vocab_path
+
+    candidate = vocab_path(folder)
     return candidate if os.path.exists(candidate) else None

@@ -1,15 +1,9 @@
-"""What every fine-tuning runner shares: where the pretrained model comes from, tf.data
-over featurized arrays (with length bucketing), batched prediction, and the
-model-directory files that travel with a fine-tuned model.
+"""Where a fine-tuning run's weights come from and how its featurized arrays reach the model:
+`resolve_pretrained` (an original, Hugging Face or bert_tf checkpoint -> `Pretrained`),
+tf.data over the arrays (with length bucketing) and batched prediction.
 
-A runner (run_classifier.py, run_squad.py, run_swag.py, run_ner.py) is:
-  pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
-  arrays = <task featurizer>(...)
-  trainer = Trainer(strategy, TrainConfig(...), model_fn, loss_fn, optimizer_fn,
-                    init_fn=pretrained.init_fn)
-  trainer.train(arrays_dataset_fn(arrays, training=True, ...))
-  outputs = predict(trainer.model, arrays, batch_size)
-  write_model_dir_files(output_dir, pretrained, info)
+The run itself (train, evaluate, predict, the files written) is bert_tf.runners.common's;
+the model directory's files are bert_tf.model_dir's.
 
 Dimensions: N examples, S sequence length.
 """
@@ -25,8 +19,8 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import checkpoints
-from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info, write_run_info, write_text_atomic
+from bert_tf import checkpoints, model_dir
+from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info
 from bert_tf.tokenization import VocabError, load_vocab
 from bert_tf.tokenization.fast import FastTokenizer
 
@@ -103,8 +97,8 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     - an original TF1 prefix (`.../bert_model.ckpt`): needs `bert_config_file` unless a
       `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
     - a Hugging Face folder (config.json, model.safetensors, vocab.txt) or .safetensors file;
-    - a bert_tf model directory (its latest `ckpt-N`, bert_config.json, vocab.txt,
-      bert_tf_info.json), or one checkpoint prefix in it;
+    - a bert_tf model directory (its latest checkpoint and side files: bert_tf.model_dir),
+      or one checkpoint prefix in it;
     - empty: train from scratch with `bert_config_file` and `vocab_file`.
     Flags given explicitly win over files found beside the checkpoint.
     """
@@ -116,7 +110,8 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
             latest = tf.train.latest_checkpoint(init_checkpoint)
             if latest is None:
-                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no ckpt-N, no model.safetensors)")
+                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
+                                    "no model.safetensors)")
             folder, init_checkpoint = init_checkpoint, latest
         try:
             fmt = checkpoints.detect_format(init_checkpoint)
@@ -133,15 +128,15 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
 
     if bert_config_file:
         config = BertConfig.from_json_file(bert_config_file)
-    elif folder and os.path.exists(os.path.join(folder, "bert_config.json")):
-        config = BertConfig.from_json_file(os.path.join(folder, "bert_config.json"))
+    elif folder and os.path.exists(model_dir.config_path(folder)):
+        config = BertConfig.from_json_file(model_dir.config_path(folder))
     elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
         config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
     else:
         raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
 
     if not vocab_file:
-        candidate = os.path.join(folder, "vocab.txt") if folder else None
+        candidate = model_dir.vocab_path(folder) if folder else None
         if not candidate or not os.path.exists(candidate):
             raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
         vocab_file = candidate
@@ -259,43 +254,6 @@ def predict(model, arrays: Mapping[str, np.ndarray], batch_size: int, *, sequenc
     return tf.nest.map_structure(lambda a: a[inverse], joined)
 
 
-# ------------------------------------------------------------------ model directory
-def write_model_dir_files(output_dir: str, pretrained: Pretrained, *, do_lower_case: bool, max_seq_length: int,
-                          task_type: str, **info) -> None:
-    """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (the export reads them)."""
-    tf.io.gfile.makedirs(output_dir)
-    config_path = os.path.join(output_dir, "bert_config.json")
-    if tf.io.gfile.exists(config_path) and tf.train.get_checkpoint_state(output_dir) is not None:
-        existing = BertConfig.from_json_file(config_path)
-        if existing != pretrained.config:
-            changed = [k for k, v in existing.to_dict().items() if pretrained.config.to_dict()[k] != v]
-            raise FinetuneError(
-                f"{output_dir}: holds the checkpoints of a run with a different bert_config ({', '.join(changed)}); "
-                "use a new --output_dir or pass --overwrite_output_dir")
-    pretrained.config.to_json_file(config_path)
-    vocab_out = os.path.join(output_dir, "vocab.txt")
-    if os.path.abspath(pretrained.vocab_file) != os.path.abspath(vocab_out):
-        with tf.io.gfile.GFile(pretrained.vocab_file, "r") as f:
-            write_text_atomic(vocab_out, f.read())
-    if pretrained.causal:
-        info.setdefault("causal_attention", True)  # the export and later fine-tuning rebuild the causal encoder
-    write_run_info(output_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length),
-                   task_type=task_type, **info)
-
-
-def check_output_dir_matches(output_dir: str, task_type: str, **expected) -> None:
-    """Refuses to resume into an output_dir that holds a different task's checkpoints."""
-    info = read_run_info(output_dir)
-    if not info or not tf.train.latest_checkpoint(output_dir):
-        return
-    wanted = dict(task_type=task_type, **expected)
-    for key, value in wanted.items():
-        if key in info and info[key] != value:
-            raise FinetuneError(
-                f"{output_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir"
-            )
-
-
 __all__ = [
     "ConfigError",
     "FinetuneError",
@@ -303,9 +261,7 @@ __all__ = [
     "VocabError",
     "arrays_dataset_fn",
     "check_lower_case",
-    "check_output_dir_matches",
     "predict",
     "resolve_pretrained",
     "trim_padding",
-    "write_model_dir_files",
 ]

@@ -169,7 +169,7 @@ def finetune(task, out_dir, pretrained, data, sizes, seed, strategy):
         results = squad.run(squad.SquadRunConfig(
             train_file=os.path.join(data["tasks"][task], "train.json"),
             predict_file=os.path.join(data["tasks"][task], "dev.json"), do_train=True, do_eval=True,
-            predict_batch_size=64, max_query_length=16, doc_stride=32, **common))["dev"]
+            predict_batch_size=64, eval_batch_size=64, max_query_length=16, doc_stride=32, **common))["dev"]
         with open(os.path.join(out_dir, "predictions.json"), encoding="utf-8") as f:
             predictions = json.load(f)
         for kind in ("after", "before"):

@@ -1,6 +1,17 @@
-"""The part of a fine-tuning run every task shares: the trainer set-up and evaluation during training.
+"""The one fine-tuning run: `run_finetuning(task, cfg)` walks every task through the same steps.
 
-Dimensions: none; this module wires objects together.
+  1. check the request (something to do, a length the model holds) and that output_dir holds
+     no other task's run (bert_tf.model_dir.check_matches);
+  2. read and featurize every split asked for, before anything is written;
+  3. build the Trainer (training/loop.py) on the task model of bert_tf.model_dir.TASK_MODELS,
+     starting from the pretrained weights, resuming from output_dir's checkpoints;
+  4. write the model directory's side files;
+  5. train (evaluating every eval_every_steps and keeping the best model in output_dir/best),
+     or restore the trained model;
+  6. evaluate: eval_results[_<split>].txt and the task's files; predict: the task's files.
+The task (bert_tf.runners.task.FinetuneTask) says only what is its own: data, loss, scores, files.
+
+Dimensions: N examples, C choices, L labels.
 """
 
 from __future__ import annotations
@@ -11,16 +22,17 @@ import os
 from typing import Callable, Dict, Optional, Tuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from bert_tf.configs import RUN_INFO_FILE, write_text_atomic
-from bert_tf.finetuning import Pretrained
+from bert_tf import finetuning, model_dir
+from bert_tf.finetuning import FinetuneError, Pretrained
+from bert_tf.runners.task import FinetuneConfig, FinetuneTask
 from bert_tf.training import optimizer as optimizer_lib
-from bert_tf.training.loop import TrainConfig, Trainer
+from bert_tf.training.loop import EVAL_DIR, TrainConfig, Trainer, write_eval_results
 
 logger = logging.getLogger("bert_tf.runners")
 
-BEST_DIR = "best"
 BEST_RESULTS = "best_eval_results.txt"
 
 
@@ -47,11 +59,28 @@ class RunSettings:
     aux_lm_weight: float = 0.0
 
 
-def check_request(cfg) -> None:
-    """The checks every runner makes before reading data: something to do, and a sequence length
-    the model can hold. `cfg` is a runner's run config (do_* flags, max_seq_length, run settings)."""
-    from bert_tf.finetuning import FinetuneError
+# ------------------------------------------------------------------ numpy scores
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float [..., K] -> log probabilities over the last axis (float64)."""
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """float [..., K] -> probabilities over the last axis (float64)."""
+    return np.exp(log_softmax(logits))
+
+
+def mean_xent(logits: np.ndarray, labels: np.ndarray) -> float:
+    """logits float [M, K], labels int [M] -> mean cross-entropy (0.0 for M = 0)."""
+    if not len(labels):
+        return 0.0
+    return float(-np.mean(log_softmax(logits)[np.arange(len(labels)), labels]))
+
+
+# ------------------------------------------------------------------ the run
+def check_request(cfg: FinetuneConfig) -> None:
+    """Something to do, and a sequence length the model can hold."""
     if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
         raise FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
     limit = cfg.run.pretrained.config.max_position_embeddings
@@ -98,20 +127,109 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
     return Trainer(settings.strategy, config, model_fn, loss_fn, optimizer_fn, init_fn=settings.pretrained.init_fn)
 
 
+def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[str, float]]:
+    """Trains / evaluates / predicts as `cfg` asks; returns {split: results} of what was scored."""
+    if cfg.run is None:
+        raise FinetuneError(f"{type(cfg).__name__}.run (the RunSettings) is required to run")
+    check_request(cfg)
+    settings, out = cfg.run, cfg.output_dir
+    pretrained = settings.pretrained
+    identity, recorded = task.setup(pretrained)
+    model_dir.check_matches(out, task.task_type, **identity)
+    info = dict(identity, **recorded)
+    tokenizer = pretrained.tokenizer(cfg.do_lower_case)
+
+    # Every input is read and featurized before anything is written to output_dir.
+    eval_every = cfg.eval_every_steps if cfg.do_train and task.eval_splits else 0
+    train = task.featurize("train", tokenizer) if cfg.do_train else None
+    evals = {s: task.featurize(s, tokenizer) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
+    predicts = {s: evals.get(s) or task.featurize(s, tokenizer) for s in task.predict_splits} if cfg.do_predict else {}
+    num_train_steps = max(1, int(train.count / cfg.train_batch_size * cfg.num_train_epochs)) if train else 0
+
+    def model_fn():
+        return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info,
+                                                     skip_padding=not settings.jit_compile)
+
+    trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
+                           global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
+    model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, causal=pretrained.causal,
+                              do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
+                              task_type=task.task_type, **info)
+    scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
+    board = tf.summary.create_file_writer(os.path.join(out, EVAL_DIR)) \
+        if trainer.is_chief and scoring else tf.summary.create_noop_writer()
+    scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
+
+    def score(split: str, data, batch_size: int):
+        step = int(trainer.global_step.numpy())
+        if split not in scored or scored[split][0] != step:
+            outputs = finetuning.predict(trainer.model, data.arrays, batch_size, sequence_outputs=task.sequence_outputs,
+                                         dynamic_padding=settings.dynamic_padding)
+            metrics, decoded = task.score(split, data, outputs)
+            if metrics is not None:
+                metrics["global_step"] = step
+                logger.info("%s at step %d: %s", split, step, " ".join(
+                    f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+                    if k != "global_step"))
+                with board.as_default(step=step):  # TensorBoard: dev metrics beside the training curves
+                    for key, value in metrics.items():
+                        if key != "global_step" and split in scoring:
+                            tf.summary.scalar(key if len(scoring) == 1 else f"{split}/{key}", value)
+                board.flush()
+            scored[split] = (step, metrics, decoded)
+        return scored[split][1:]
+
+    def evaluate() -> Dict[str, Dict[str, float]]:
+        return {split: score(split, data, cfg.eval_batch_size)[0] for split, data in evals.items()}
+
+    def write_results(split: str, metrics: Dict[str, float]) -> None:
+        if split in task.eval_splits:
+            name = "eval_results.txt" if len(task.eval_splits) == 1 else f"eval_results_{split}.txt"
+        else:
+            name = f"{split}_results.txt"
+        write_eval_results(os.path.join(out, name), metrics, ordered=task.ordered_results)
+        logger.info("wrote %s in %s", name, out)
+
+    results: Dict[str, Dict[str, float]] = {}
+    if cfg.do_train:
+        trainer.run_summary(train.count, int(num_train_steps * cfg.warmup_proportion), extra=task.summary())
+        dataset_fn = finetuning.arrays_dataset_fn(train.arrays, training=True, seed=settings.seed,
+                                                  dynamic_padding=settings.dynamic_padding)
+        results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
+                                           metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
+                                           output_dir=out, ordered=task.ordered_results)
+    elif trainer.restore() is None and not pretrained.init_checkpoint:
+        logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
+    if cfg.do_eval:
+        results = evaluate()  # an evaluation at the last training step is not run again
+        for split, data in evals.items():
+            write_results(split, results[split])
+            task.write(out, split, data, scored[split][2])
+    for split, data in predicts.items():
+        if cfg.do_eval and split in evals:
+            continue  # written with the evaluation
+        metrics, decoded = score(split, data, cfg.predict_batch_size)
+        task.write(out, split, data, decoded)
+        if metrics is not None:
+            results[split] = metrics
+            write_results(split, metrics)
+    return results
+
+
 def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_steps: int, eval_every: int,
                              evaluate: Callable[[], Dict[str, Dict[str, float]]], metric: Tuple[str, str],
-                             output_dir: str) -> Dict[str, Dict[str, float]]:
+                             output_dir: str, ordered: bool = False) -> Dict[str, Dict[str, float]]:
     """Trains to `num_train_steps`; every `eval_every` steps runs `evaluate` and keeps the best model.
 
     The best model (by `metric` = (eval split, key), higher is better) goes to
-    `<output_dir>/best/` as a complete model directory (checkpoint, bert_config.json,
-    vocab.txt, bert_tf_info.json) with `best_eval_results.txt`, so it can be
-    exported or fine-tuned from like any other. Returns the last evaluation.
+    `<output_dir>/best/` as a complete model directory (checkpoint and side files,
+    bert_tf.model_dir) with `best_eval_results.txt`, so it can be exported or
+    fine-tuned from like any other. Returns the last evaluation.
     """
     if not eval_every:
         trainer.train(dataset_fn)
         return {}
-    best_dir = os.path.join(output_dir, BEST_DIR)
+    best_dir = os.path.join(output_dir, model_dir.BEST_DIR)
     best_value = _read_best(best_dir, metric[1])
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=trainer.model), best_dir, max_to_keep=1)
     results: Dict[str, Dict[str, float]] = {}
@@ -126,10 +244,8 @@ def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_s
         if best_value is None or value > best_value:
             best_value = value
             manager.save(checkpoint_number=step)
-            for name in ("bert_config.json", "vocab.txt", RUN_INFO_FILE):
-                tf.io.gfile.copy(os.path.join(output_dir, name), os.path.join(best_dir, name), overwrite=True)
-            text = "".join(f"{k} = {v}\n" for k, v in sorted(results[metric[0]].items()))
-            write_text_atomic(os.path.join(best_dir, BEST_RESULTS), text)
+            model_dir.copy_side_files(output_dir, best_dir)
+            write_eval_results(os.path.join(best_dir, BEST_RESULTS), results[metric[0]], ordered=ordered)
             logger.info("new best %s %.4f at step %d -> %s", metric[1], value, step, best_dir)
     return results
 

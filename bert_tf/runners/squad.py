@@ -26,54 +26,35 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
+from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tasks import TaskDataError, squad, squad_metrics
-
-if TYPE_CHECKING:
-    from bert_tf.runners.common import RunSettings
 
 logger = logging.getLogger("bert_tf.squad")
 
-TASK_TYPE = "span"
 TASK_NAME = "squad"
-EVAL_RESULTS_FILE = "eval_results.txt"
 EVAL_SPLIT = "dev"
-EVAL_SUMMARY_DIR = "eval"  # TensorBoard, beside the trainer's "train"
 # Added to the logits of padding positions before the softmax of the loss (as the attention mask).
 PADDING_LOGIT = -10000.0
 # The original logged this many featurized examples in detail (here with --verbose_logging).
 NUM_LOGGED_FEATURES = 20
 
 
-@dataclasses.dataclass(frozen=True)
-class SquadRunConfig:
-    """What run_squad.py was asked to do; defaults are the original's flags.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SquadRunConfig(FinetuneConfig):
+    """What run_squad.py was asked to do; defaults are the original's flags. do_eval: predict on
+    predict_file and require answers to evaluate against. run may be None for `read_inputs`."""
 
-    run: how to train (model, strategy, optimizer); may be None for `read_inputs`.
-    """
-
-    output_dir: str
-    run: Optional["RunSettings"] = None
     train_file: Optional[str] = None
     predict_file: Optional[str] = None
     version_2_with_negative: bool = False
-    do_train: bool = False
-    do_predict: bool = False
-    do_eval: bool = False  # predict on predict_file and require answers to evaluate against
-    do_lower_case: bool = True
     max_seq_length: int = squad.DEFAULT_MAX_SEQ_LENGTH
     doc_stride: int = squad.DEFAULT_DOC_STRIDE
     max_query_length: int = squad.DEFAULT_MAX_QUERY_LENGTH
-    train_batch_size: int = 32
-    predict_batch_size: int = 8
-    num_train_epochs: float = 3.0
-    warmup_proportion: float = 0.1
     n_best_size: int = squad.DEFAULT_N_BEST_SIZE
     max_answer_length: int = squad.DEFAULT_MAX_ANSWER_LENGTH
     null_score_diff_threshold: float = squad.DEFAULT_NULL_SCORE_DIFF_THRESHOLD
-    eval_every_steps: int = 0  # evaluate on predict_file during training, keep the best model
     verbose_logging: bool = False
 
     @property
@@ -205,11 +186,6 @@ def _log_best_threshold(m: Dict[str, float], used: float) -> None:
                     "--null_score_diff_threshold lets the evaluation try answering more questions", used, m["f1"])
 
 
-def eval_results_text(results: Dict[str, float]) -> str:
-    """`key = value` lines in the official scripts' key order."""
-    return "".join(f"{key} = {value}\n" for key, value in results.items())
-
-
 # ----------------------------------------------------------------- TensorFlow side
 def span_loss(model, batch, training):
     """Mean over the batch of (start cross-entropy + end cross-entropy) / 2; start/end accuracy.
@@ -233,127 +209,90 @@ def span_loss(model, batch, training):
     return loss, metrics
 
 
-def _featurize(cfg: SquadRunConfig, examples, tokenizer, is_training: bool, what: str):
-    features = squad.convert_examples_to_features(
-        examples, tokenizer, cfg.max_seq_length, cfg.doc_stride, cfg.max_query_length,
-        is_training=is_training, pad_to_max_length=False)
-    arrays = squad.features_to_arrays(features, cfg.max_seq_length)
-    logger.info("%s: %d questions -> %d features (max_seq_length %d, doc_stride %d)", what, len(examples),
-                len(features), cfg.max_seq_length, cfg.doc_stride)
-    if cfg.verbose_logging:
-        for f in features[:NUM_LOGGED_FEATURES]:
-            logger.info("feature %d (question %s, span %d): tokens %s; token_to_orig_map %s; "
-                        "token_is_max_context %s; start/end %s/%s", f.unique_id, examples[f.example_index].qas_id,
-                        f.doc_span_index, " ".join(f.tokens), f.token_to_orig_map,
-                        {k: int(v) for k, v in f.token_is_max_context.items()}, f.start_position, f.end_position)
-    return features, arrays
+class SquadTask(FinetuneTask):
+    """Start and end logits [N, S] per window; post-processing picks each question's best span.
+
+    The predict file is both the split evaluated ("dev", when its questions carry answers) and
+    the one predicted: one pass of the model writes the predictions and scores them.
+    """
+
+    task_type = "span"
+    predict_splits = (EVAL_SPLIT,)
+    sequence_outputs = True
+    ordered_results = True  # eval_results.txt in the official scripts' key order
+    loss = staticmethod(span_loss)
+
+    def __init__(self, cfg: SquadRunConfig, inputs: SquadInputs):
+        self.cfg, self.inputs = cfg, inputs
+        self.metrics = None  # of the latest score
+        self.eval_splits = (EVAL_SPLIT,) if inputs.dev_data is not None else ()
+        self.primary_metric = "best_f1" if cfg.version_2_with_negative else "f1"
+
+    def setup(self, pretrained):
+        cfg = self.cfg
+        return dict(task=TASK_NAME), dict(version_2_with_negative=cfg.version_2_with_negative,
+                                          doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
+
+    def featurize(self, split, tokenizer):
+        cfg = self.cfg
+        is_training = split == "train"
+        examples = self.inputs.train_examples if is_training else self.inputs.predict_examples
+        features = squad.convert_examples_to_features(
+            examples, tokenizer, cfg.max_seq_length, cfg.doc_stride, cfg.max_query_length,
+            is_training=is_training, pad_to_max_length=False)
+        arrays = squad.features_to_arrays(features, cfg.max_seq_length)
+        if is_training:
+            del arrays["unique_ids"]
+        logger.info("%s: %d questions -> %d features (max_seq_length %d, doc_stride %d)",
+                    cfg.train_file if is_training else cfg.predict_file, len(examples), len(features),
+                    cfg.max_seq_length, cfg.doc_stride)
+        if cfg.verbose_logging:
+            for f in features[:NUM_LOGGED_FEATURES]:
+                logger.info("feature %d (question %s, span %d): tokens %s; token_to_orig_map %s; "
+                            "token_is_max_context %s; start/end %s/%s", f.unique_id, examples[f.example_index].qas_id,
+                            f.doc_span_index, " ".join(f.tokens), f.token_to_orig_map,
+                            {k: int(v) for k, v in f.token_is_max_context.items()}, f.start_position, f.end_position)
+        # As the original: steps from the number of questions, not of (more numerous) features.
+        return Featurized(examples, arrays, len(examples), features)
+
+    def score(self, split, data, outputs):
+        cfg = self.cfg
+        results = [squad.RawResult(int(uid), start, end) for uid, start, end in
+                   zip(data.arrays["unique_ids"], outputs["start_logits"], outputs["end_logits"], strict=True)]
+        decoded = squad.compute_predictions(
+            data.examples, data.features, results, cfg.n_best_size, cfg.max_answer_length,
+            cfg.do_lower_case, cfg.version_2_with_negative, cfg.null_score_diff_threshold)
+        self.metrics = None if self.inputs.dev_data is None else \
+            evaluate_predictions(self.inputs.dev_data, decoded[0], decoded[2], cfg)
+        return self.metrics, decoded
+
+    def write(self, output_dir, split, data, decoded):
+        import numpy as np
+
+        cfg = self.cfg
+        predictions, nbest, null_odds = decoded
+        written = squad.write_prediction_files(output_dir, predictions, nbest, null_odds, cfg.version_2_with_negative)
+        logger.info("wrote %s in %s (%d questions)", ", ".join(written), output_dir, len(predictions))
+        if self.inputs.dev_data is None:
+            logger.info("%s has no reference answers: predictions only, no evaluation", cfg.predict_file)
+        if cfg.version_2_with_negative:
+            if self.metrics is not None:
+                _log_best_threshold(self.metrics, cfg.null_score_diff_threshold)
+            odds = np.array(list(null_odds.values()), np.float64)
+            logger.info("null odds (score_null - best_non_null): min %.3f median %.3f max %.3f",
+                        odds.min(), float(np.median(odds)), odds.max())
+
+    def summary(self):
+        return {"task": f"SQuAD v{self.cfg.version}"}
 
 
 def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, Dict[str, float]]:
     """Trains / predicts / evaluates as asked; returns {"dev": official metrics} when evaluated."""
-    import numpy as np
-    import tensorflow as tf
+    from bert_tf.runners.common import run_finetuning
 
-    from bert_tf import finetuning
-    from bert_tf.configs import write_text_atomic
-    from bert_tf.models import BertSpanLabeler
-    from bert_tf.runners import common
-
-    if cfg.run is None:
-        raise finetuning.FinetuneError("SquadRunConfig.run (the RunSettings) is required to run")
     inputs = inputs if inputs is not None else read_inputs(cfg)
-    common.check_request(cfg)
-    settings = cfg.run
-    pretrained = settings.pretrained
-    finetuning.check_output_dir_matches(cfg.output_dir, TASK_TYPE, task=TASK_NAME)
-    tokenizer = cfg.run.pretrained.tokenizer(cfg.do_lower_case)
-
-    num_train_steps = 0
-    train_arrays = None
-    if cfg.do_train:
-        _, train_arrays = _featurize(cfg, inputs.train_examples, tokenizer, True, cfg.train_file)
-        del train_arrays["unique_ids"]
-        # As the original: steps from the number of questions, not of (more numerous) features.
-        num_train_steps = max(1, int(len(inputs.train_examples) / cfg.train_batch_size * cfg.num_train_epochs))
-    predict_features = predict_arrays = None
-    if inputs.predict_examples is not None:
-        predict_features, predict_arrays = _featurize(cfg, inputs.predict_examples, tokenizer, False,
-                                                      cfg.predict_file)
-
-    def model_fn():
-        return BertSpanLabeler(pretrained.build_encoder())
-
-    trainer = common.make_trainer(settings, cfg.output_dir, model_fn, span_loss, num_train_steps=num_train_steps,
-                                  global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
-    finetuning.write_model_dir_files(
-        cfg.output_dir, pretrained, do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
-        task_type=TASK_TYPE, task=TASK_NAME, version_2_with_negative=cfg.version_2_with_negative,
-        doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
-
-    last = {}  # the latest predictions: {"step", "predictions", "nbest", "null_odds", "metrics"}
-    eval_writer = tf.summary.create_file_writer(os.path.join(cfg.output_dir, EVAL_SUMMARY_DIR)) \
-        if trainer.is_chief and inputs.dev_data is not None else tf.summary.create_noop_writer()
-
-    def predict_and_score():
-        step = int(trainer.global_step.numpy())
-        if last.get("step") == step:
-            return last
-        outputs = finetuning.predict(trainer.model, predict_arrays, cfg.predict_batch_size, sequence_outputs=True,
-                                     dynamic_padding=settings.dynamic_padding)
-        results = [squad.RawResult(int(uid), start, end) for uid, start, end in
-                   zip(predict_arrays["unique_ids"], outputs["start_logits"], outputs["end_logits"], strict=True)]
-        predictions, nbest, null_odds = squad.compute_predictions(
-            inputs.predict_examples, predict_features, results, cfg.n_best_size, cfg.max_answer_length,
-            cfg.do_lower_case, cfg.version_2_with_negative, cfg.null_score_diff_threshold)
-        metrics = None
-        if inputs.dev_data is not None:
-            metrics = evaluate_predictions(inputs.dev_data, predictions, null_odds, cfg)
-            metrics["global_step"] = step
-            logger.info("SQuAD v%s eval at step %d: %s", cfg.version, step,
-                        " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                 for k, v in metrics.items() if k != "global_step"))
-            with eval_writer.as_default(step=step):  # TensorBoard: dev metrics beside the training curves
-                for key, value in metrics.items():
-                    if key != "global_step":
-                        tf.summary.scalar(key, value)
-            eval_writer.flush()
-        last.update(step=step, predictions=predictions, nbest=nbest, null_odds=null_odds, metrics=metrics)
-        return last
-
-    results: Dict[str, Dict[str, float]] = {}
-    if cfg.do_train:
-        trainer.run_summary(len(inputs.train_examples), int(num_train_steps * cfg.warmup_proportion),
-                            extra={"task": f"SQuAD v{cfg.version}", "train features": len(train_arrays["input_ids"])})
-        dataset_fn = finetuning.arrays_dataset_fn(train_arrays, training=True, seed=settings.seed,
-                                                  dynamic_padding=settings.dynamic_padding)
-        eval_every = cfg.eval_every_steps if inputs.dev_data is not None else 0
-        key = "best_f1" if cfg.version_2_with_negative else "f1"
-        results = common.train_with_periodic_eval(
-            trainer, dataset_fn, num_train_steps, eval_every, lambda: {EVAL_SPLIT: predict_and_score()["metrics"]},
-            metric=(EVAL_SPLIT, key), output_dir=cfg.output_dir)
-    elif trainer.restore() is None and not pretrained.init_checkpoint:
-        logger.warning("no checkpoint in %s and no --init_checkpoint: predicting with an untrained model",
-                       cfg.output_dir)
-
-    if cfg.do_predict or cfg.do_eval:
-        out = predict_and_score()
-        written = squad.write_prediction_files(cfg.output_dir, out["predictions"], out["nbest"], out["null_odds"],
-                                               cfg.version_2_with_negative)
-        logger.info("wrote %s in %s (%d questions)", ", ".join(written), cfg.output_dir, len(out["predictions"]))
-        if out["metrics"] is not None:
-            results = {EVAL_SPLIT: out["metrics"]}
-            write_text_atomic(os.path.join(cfg.output_dir, EVAL_RESULTS_FILE), eval_results_text(out["metrics"]))
-            logger.info("wrote %s", EVAL_RESULTS_FILE)
-            if cfg.version_2_with_negative:
-                _log_best_threshold(out["metrics"], cfg.null_score_diff_threshold)
-        elif cfg.do_predict:
-            logger.info("%s has no reference answers: predictions only, no evaluation", cfg.predict_file)
-        if cfg.version_2_with_negative:
-            odds = np.array(list(out["null_odds"].values()), np.float64)
-            logger.info("null odds (score_null - best_non_null): min %.3f median %.3f max %.3f",
-                        odds.min(), float(np.median(odds)), odds.max())
-    return results
+    return run_finetuning(SquadTask(cfg, inputs), cfg)
 
 
-__all__ = ["SquadInputs", "SquadRunConfig", "check_options", "evaluate_predictions", "read_inputs", "run",
-           "span_loss"]
+__all__ = ["SquadInputs", "SquadRunConfig", "SquadTask", "check_options", "evaluate_predictions", "read_inputs",
+           "run", "span_loss"]

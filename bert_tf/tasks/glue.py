@@ -601,7 +601,3 @@ def test_results_text(probabilities) -> str:
     """The original's `test_results.tsv`: one line of tab-separated class probabilities per example."""
     return "".join("\t".join(str(float(p)) for p in np.atleast_1d(row)) + "\n" for row in np.asarray(probabilities))
 
-
-def eval_results_text(results: Dict[str, float]) -> str:
-    """The original's `eval_results.txt`: sorted `key = value` lines."""
-    return "".join(f"{key} = {results[key]}\n" for key in sorted(results))

@@ -46,6 +46,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import model_dir as model_dir_lib
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
 
@@ -57,7 +58,6 @@ PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mi
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
 TRAIN_DIR, EVAL_DIR = "train", "eval"
-CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: model_dir/ckpt-<step>
 # What a collective op raises when a peer is gone (connection reset, health check, timeout).
 PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
                  tf.errors.AbortedError)
@@ -343,7 +343,7 @@ class Trainer:
         Raises CheckpointRestoreError when checkpoints exist but none can be restored (e.g. they
         belong to a model of another size)."""
         manager = manager or self._manager()
-        candidates = checkpoint_candidates(self.config.model_dir)
+        candidates = model_dir_lib.checkpoint_candidates(self.config.model_dir)
         problems = []
         for path in candidates:
             try:
@@ -369,9 +369,9 @@ class Trainer:
         try:
             path = manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
-            # Disk full, quota, permissions: remove what was written of ckpt-<step> so nothing
+            # Disk full, quota, permissions: remove what was written of this step's checkpoint so nothing
             # half-written sits beside the complete checkpoints (the state file still names those).
-            prefix = os.path.join(manager.directory, f"{CHECKPOINT_NAME}-{step}")
+            prefix = model_dir_lib.checkpoint_prefix(manager.directory, step)
             for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
                 with contextlib.suppress(tf.errors.OpError, OSError):
                     if tf.io.gfile.isdir(leftover):
@@ -379,7 +379,7 @@ class Trainer:
                     else:
                         tf.io.gfile.remove(leftover)
             raise CheckpointWriteError(
-                f"{manager.directory}: cannot write checkpoint {CHECKPOINT_NAME}-{step} ({_first_line(e)}); "
+                f"{manager.directory}: cannot write checkpoint {os.path.basename(prefix)} ({_first_line(e)}); "
                 f"earlier checkpoints are intact (latest: {manager.latest_checkpoint or 'none'})"
             ) from None
         if not self.is_chief:
@@ -613,24 +613,10 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
 
-def checkpoint_candidates(model_dir: str) -> list:
-    """Checkpoint prefixes of model_dir, newest step first: the ones the state file lists and
-    any `ckpt-<step>.index` beside them (a save whose state update was cut off)."""
-    steps = {}
-    state = tf.train.get_checkpoint_state(model_dir)
-    paths = list(state.all_model_checkpoint_paths) if state else []
-    paths += [p[: -len(".index")] for p in tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*.index"))]
-    for path in paths:
-        path = path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
-        number = path.rsplit("-", 1)[-1]
-        if os.path.basename(path).startswith(f"{CHECKPOINT_NAME}-") and number.isdigit():
-            steps[int(number)] = path
-    return [steps[k] for k in sorted(steps, reverse=True)]
-
-
 # What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries,
-# side files, and the fine-tuning runners' best model (bert_tf.runners.common.BEST_DIR).
-_RUN_FILES = ("checkpoint", f"{CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, "best", "bert_config.json", "bert_tf_info.json")
+# side files but the vocab, and the fine-tuning runners' best model (bert_tf.model_dir).
+_RUN_FILES = ("checkpoint", f"{model_dir_lib.CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, model_dir_lib.BEST_DIR,
+              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE)
 
 
 def clear_model_dir(model_dir: str) -> list:
@@ -685,8 +671,8 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def write_eval_results(path: str, results: Dict[str, float]) -> None:
-    """The original's eval_results.txt: sorted `key = value` lines, written atomically."""
+def write_eval_results(path: str, results: Dict[str, float], ordered: bool = False) -> None:
+    """The original's eval_results.txt: `key = value` lines, sorted (or in the dict's order), written atomically."""
     from bert_tf.configs import write_text_atomic
 
-    write_text_atomic(path, "".join(f"{k} = {results[k]}\n" for k in sorted(results)))
+    write_text_atomic(path, "".join(f"{k} = {results[k]}\n" for k in (results if ordered else sorted(results))))

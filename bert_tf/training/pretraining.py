@@ -30,6 +30,7 @@ from typing import Dict, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from bert_tf import model_dir
 from bert_tf.configs import BertConfig, read_run_info, write_run_info
 from bert_tf.data import pipelines
 from bert_tf.training import loop
@@ -170,21 +171,18 @@ def _write_side_files(config: PretrainingConfig) -> None:
     """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (fine-tuning reads them)."""
     out = config.output_dir
     tf.io.gfile.makedirs(out)
-    config_path = os.path.join(out, "bert_config.json")
-    if tf.io.gfile.exists(config_path):
-        existing = BertConfig.from_json_file(config_path)
-        if existing != config.bert_config:
-            raise PretrainingError(
-                f"{config_path}: output_dir holds a run with a different bert_config; use a new output_dir or pass "
-                "--overwrite_output_dir"
-            )
-    else:
-        config.bert_config.to_json_file(config_path)
+    if model_dir.config_changes(out, config.bert_config):
+        raise PretrainingError(
+            f"{model_dir.config_path(out)}: output_dir holds a run with a different bert_config; use a new "
+            "output_dir or pass --overwrite_output_dir"
+        )
+    if model_dir.read_config(out) is None:
+        model_dir.write_config(out, config.bert_config)
     if config.vocab_file:
-        tf.io.gfile.copy(config.vocab_file, os.path.join(out, "vocab.txt"), overwrite=True)
+        model_dir.copy_vocab(config.vocab_file, out)
     info = read_run_info(out)
     recorded = info.get("objective")
-    if recorded in OBJECTIVES and recorded != config.objective and tf.train.latest_checkpoint(out):
+    if recorded in OBJECTIVES and recorded != config.objective and model_dir.has_checkpoint(out):
         raise PretrainingError(
             f"{out}: holds a run with objective {recorded}, not {config.objective}; use a new output_dir"
         )

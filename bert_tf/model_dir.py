@@ -1,0 +1,264 @@
+"""The model directory: the one owner of what a run leaves in its output_dir and of turning it back into a model.
+
+A model directory (written by pretraining and by every fine-tuning runner, read by
+fine-tuning, the export, predict.py and convert_checkpoint.py) holds:
+  bert_config.json     the encoder's BertConfig
+  vocab.txt            the word pieces the model was trained with
+  bert_tf_info.json    the run info: do_lower_case, max_seq_length, task_type and the task's
+                       own facts (label_list, num_choices, causal_attention, objective, ...)
+  checkpoint, ckpt-<step>.*   tf.train.Checkpoint(model=<task model>, ...) saves
+  best/                the fine-tuning runners' best model by the dev metric, itself a model directory
+TASK_MODELS is the one map from a task_type to the model it names (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Callable, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from bert_tf.configs import RUN_INFO_FILE, BertConfig, read_run_info, write_run_info, write_text_atomic
+
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
+SIDE_FILES = (CONFIG_FILE, VOCAB_FILE, RUN_INFO_FILE)
+CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: <model_dir>/ckpt-<step>
+BEST_DIR = "best"
+_CHECKPOINT_INDEX = re.compile(rf"{CHECKPOINT_NAME}-(\d+)\.index")
+
+
+class ModelDirError(ValueError):
+    """A model directory that cannot be used, or does not match the request; the message is one line."""
+
+
+def config_path(model_dir: str) -> str:
+    return os.path.join(model_dir, CONFIG_FILE)
+
+
+def vocab_path(model_dir: str) -> str:
+    return os.path.join(model_dir, VOCAB_FILE)
+
+
+# ------------------------------------------------------------------ checkpoints
+def checkpoint_prefix(model_dir: str, step: int) -> str:
+    return os.path.join(model_dir, f"{CHECKPOINT_NAME}-{step}")
+
+
+def checkpoint_step(path: str) -> Optional[int]:
+    """The step of a `.../ckpt-<step>` prefix, or None for another name."""
+    m = re.fullmatch(rf"{CHECKPOINT_NAME}-(\d+)", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_candidates(model_dir: str) -> List[str]:
+    """Checkpoint prefixes of model_dir, newest step first: the ones the state file lists and
+    any `ckpt-<step>.index` beside them (a save whose state update was cut off)."""
+    steps = {}
+    state = tf.train.get_checkpoint_state(model_dir)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths += [p[: -len(".index")] for p in tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*.index"))]
+    for path in paths:
+        path = path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
+        step = checkpoint_step(path)
+        if step is not None:
+            steps[step] = path
+    return [steps[k] for k in sorted(steps, reverse=True)]
+
+
+def latest_checkpoint(model_dir: str) -> Optional[str]:
+    """The newest `ckpt-<step>` prefix (the `checkpoint` state file first, else the highest step), or None."""
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest:
+        return latest
+    steps = [int(m.group(1)) for name in tf.io.gfile.listdir(model_dir)
+             if (m := _CHECKPOINT_INDEX.fullmatch(name))] if tf.io.gfile.isdir(model_dir) else []
+    return checkpoint_prefix(model_dir, max(steps)) if steps else None
+
+
+def has_checkpoint(model_dir: str) -> bool:
+    return tf.train.latest_checkpoint(model_dir) is not None
+
+
+# ------------------------------------------------------------------ side files
+def read_config(model_dir: str) -> Optional[BertConfig]:
+    """The bert_config.json of model_dir, or None when there is none."""
+    path = config_path(model_dir)
+    return BertConfig.from_json_file(path) if tf.io.gfile.exists(path) else None
+
+
+def config_changes(model_dir: str, config: BertConfig) -> List[str]:
+    """The keys in which model_dir's bert_config.json differs from `config` (empty: none, or no file)."""
+    existing = read_config(model_dir)
+    if existing is None or existing == config:
+        return []
+    return [k for k, v in existing.to_dict().items() if config.to_dict()[k] != v]
+
+
+def write_config(model_dir: str, config: BertConfig) -> None:
+    config.to_json_file(config_path(model_dir))
+
+
+def copy_vocab(vocab_file: str, model_dir: str) -> None:
+    """vocab.txt into model_dir (written atomically; nothing to do when it is already that file)."""
+    out = vocab_path(model_dir)
+    if os.path.abspath(vocab_file) != os.path.abspath(out):
+        with tf.io.gfile.GFile(vocab_file, "r") as f:
+            write_text_atomic(out, f.read())
+
+
+def write_finetuned(model_dir: str, config: BertConfig, vocab_file: str, *, causal: bool = False,
+                    do_lower_case: bool, max_seq_length: int, task_type: str, **info) -> None:
+    """The side files of a fine-tuned model; refuses a model_dir whose checkpoints have another bert_config."""
+    tf.io.gfile.makedirs(model_dir)
+    # (the state file is enough: a run's checkpoints are or were there)
+    changed = config_changes(model_dir, config) if tf.train.get_checkpoint_state(model_dir) is not None else []
+    if changed:
+        raise ModelDirError(
+            f"{model_dir}: holds the checkpoints of a run with a different bert_config ({', '.join(changed)}); "
+            "use a new --output_dir or pass --overwrite_output_dir")
+    write_config(model_dir, config)
+    copy_vocab(vocab_file, model_dir)
+    if causal:
+        info.setdefault("causal_attention", True)  # the export and later fine-tuning rebuild the causal encoder
+    write_run_info(model_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length),
+                   task_type=task_type, **info)
+
+
+def copy_side_files(source_dir: str, target_dir: str) -> None:
+    """bert_config.json, vocab.txt and bert_tf_info.json of source_dir into target_dir (e.g. best/)."""
+    for name in SIDE_FILES:
+        tf.io.gfile.copy(os.path.join(source_dir, name), os.path.join(target_dir, name), overwrite=True)
+
+
+def check_matches(model_dir: str, task_type: str, **expected) -> None:
+    """Refuses to resume into a model_dir that holds a different task's checkpoints."""
+    info = read_run_info(model_dir)
+    if not info or not has_checkpoint(model_dir):
+        return
+    for key, value in dict(task_type=task_type, **expected).items():
+        if key in info and info[key] != value:
+            raise ModelDirError(f"{model_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir")
+
+
+def read(model_dir: str) -> Tuple[BertConfig, dict]:
+    """(BertConfig, run info) of a model_dir, with one-line errors for missing pieces."""
+    if not tf.io.gfile.isdir(model_dir):
+        raise ModelDirError(f"{model_dir}: model_dir not found")
+    config_file = config_path(model_dir)
+    if not tf.io.gfile.exists(config_file):
+        raise ModelDirError(f"{config_file}: not found (a model_dir needs {', '.join(SIDE_FILES)})")
+    info_file = os.path.join(model_dir, RUN_INFO_FILE)
+    if not tf.io.gfile.exists(info_file):
+        raise ModelDirError(f"{info_file}: not found (written by the fine-tuning runners)")
+    try:
+        info = read_run_info(model_dir)
+    except json.JSONDecodeError as e:
+        raise ModelDirError(f"{info_file}: not valid JSON ({e})") from None
+    for key, kind in (("do_lower_case", bool), ("max_seq_length", int)):
+        if not isinstance(info.get(key), kind):
+            raise ModelDirError(f"{info_file}: {key} must be a {kind.__name__}")
+    return BertConfig.from_json_file(config_file), info
+
+
+# ------------------------------------------------------------------ task type -> model
+def _labels(info: dict, task_type: str) -> int:
+    labels = info.get("label_list")
+    if not isinstance(labels, list) or not labels:
+        raise ModelDirError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task_type}")
+    return len(labels)
+
+
+def _classifier(encoder, info, skip_padding):
+    from bert_tf.models import BertClassifier
+
+    return BertClassifier(encoder, num_labels=_labels(info, "classification"), skip_padding=skip_padding)
+
+
+def _regressor(encoder, info, skip_padding):
+    from bert_tf.models import BertClassifier
+
+    return BertClassifier(encoder, num_labels=1, skip_padding=skip_padding)
+
+
+def _span_labeler(encoder, info, skip_padding):
+    from bert_tf.models import BertSpanLabeler
+
+    return BertSpanLabeler(encoder)
+
+
+def _multiple_choice(encoder, info, skip_padding):
+    from bert_tf.models import BertMultipleChoice
+
+    num_choices = info.get("num_choices")
+    if not isinstance(num_choices, int) or num_choices < 2:
+        raise ModelDirError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
+    return BertMultipleChoice(encoder, num_choices=num_choices, skip_padding=skip_padding)
+
+
+def _tagger(encoder, info, skip_padding):
+    """BertTokenClassifier; with "feature_based" the BiLSTM on frozen features (run_ner.py --feature_based)."""
+    num_labels = _labels(info, "tagging")
+    if info.get("feature_based"):
+        from bert_tf.models.feature_extraction import parse_layer_combination
+        from bert_tf.models.feature_tagger import BiLSTMFeatureTagger
+
+        layers = parse_layer_combination(info["feature_layers"]).fit(encoder.config.num_hidden_layers)
+        return BiLSTMFeatureTagger(encoder, num_labels, layers)
+    from bert_tf.models import BertTokenClassifier
+
+    return BertTokenClassifier(encoder, num_labels=num_labels)
+
+
+def _pretrainer(encoder, info, skip_padding):
+    from bert_tf.models import BertPretrainer
+
+    return BertPretrainer(encoder.config, encoder=encoder, skip_padding=skip_padding)
+
+
+# task_type (bert_tf_info.json) -> builder(encoder, run info, skip_padding) of the task model on that encoder.
+# skip_padding: the models whose heads read the [CLS] or masked positions only run their dense layers
+# on real tokens (bert_tf/models/encoder.py); training under XLA builds them with it off.
+TASK_MODELS: Dict[str, Callable] = {
+    "classification": _classifier,
+    "regression": _regressor,
+    "span": _span_labeler,
+    "multiple_choice": _multiple_choice,
+    "tagging": _tagger,
+    "pretraining": _pretrainer,
+}
+TASK_TYPES = tuple(TASK_MODELS)
+
+
+def build_task_model(config: BertConfig, info: dict, skip_padding: bool = True):
+    """The freshly initialised model that `info["task_type"]` names, on a new encoder of `config`
+    (causal when info records "causal_attention": a left-to-right --objective=ltr encoder)."""
+    from bert_tf.models import BertEncoder
+
+    task_type = info.get("task_type")
+    if task_type not in TASK_MODELS:
+        raise ModelDirError(f"{RUN_INFO_FILE}: task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+    encoder = BertEncoder(config, causal=bool(info.get("causal_attention", False)))
+    return TASK_MODELS[task_type](encoder, info, skip_padding)
+
+
+def restore(model_dir: str, checkpoint: Optional[str] = None):
+    """The task model of a model_dir with the weights of its latest (or the given) checkpoint.
+
+    Optimizer slots and the step in the checkpoint are ignored; every model variable must be found there.
+    """
+    config, info = read(model_dir)
+    model = build_task_model(config, info)
+    path = checkpoint or latest_checkpoint(model_dir)
+    if path is None:
+        raise ModelDirError(f"{model_dir}: no {CHECKPOINT_NAME}-<step> checkpoint found")
+    try:
+        status = tf.train.Checkpoint(model=model).read(path)
+        status.expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as e:
+        first = str(e).strip().splitlines()[0][:300]
+        raise ModelDirError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({first})") from None
+    return model
