@@ -11,8 +11,8 @@ probability per question (`na_probs`), a question whose probability exceeds
 maximise exact / F1 is searched (`best_exact`, `best_f1` and their thresholds).
 
 The arithmetic (summation order, int vs. float scores, the threshold sweep) follows
-the official scripts so that the numbers agree to the last bit; the fixtures in
-`shared/fixtures/squad/official_scores` check that.
+the official scripts so that the numbers agree to the last bit; tests/test_squad_metrics.py
+checks that against the official scripts' own outputs when those fixtures are present.
 """
 
 from __future__ import annotations
