@@ -1,11 +1,7 @@
 """SavedModels that serve raw text, self-contained (vocab inside), loadable with tensorflow + tensorflow_text.
 
-Also the one place that turns a fine-tuned model_dir back into its task model
-(`build_task_model`, `restore_model_dir`), shared by the runners and the export.
-
-Model-directory contract: bert_config.json, vocab.txt, bert_tf_info.json
-(do_lower_case, max_seq_length, task_type, label_list, num_choices) and
-`ckpt-<step>` checkpoints of tf.train.Checkpoint(model=<task model>, ...).
+The model directory it reads (side files, checkpoints, the task model they
+rebuild) is bert_tf.model_dir's.
 
 The export: check the request, write the vocab and the metadata as assets,
 look the export type up in SERVING_MODULES (one `tf.Module` per task type in
@@ -26,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from typing import Optional
@@ -34,7 +29,8 @@ from typing import Optional
 import tensorflow as tf
 
 from bert_tf import fileio
-from bert_tf.configs import RUN_INFO_FILE, BertConfig, ConfigError, read_run_info
+from bert_tf import model_dir as model_dir_lib
+from bert_tf.configs import ConfigError
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
@@ -46,7 +42,6 @@ from bert_tf.serving.tokenizer import InGraphTokenizer, tokenizer_metadata
 from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from bert_tf.tokenization.full import load_vocab
 
-TASK_TYPES = ("classification", "regression", "span", "multiple_choice", "tagging", "pretraining")
 # What serves each export type (bert_tf/serving/): "encoder", or a task type's model.
 SERVING_MODULES = {
     "encoder": EncoderServing,
@@ -63,106 +58,6 @@ METADATA_VERSION = 1
 
 class ExportError(ValueError):
     """A model_dir, checkpoint or export_dir that cannot be used; the message is one line."""
-
-
-# ------------------------------------------------------------------ model_dir -> task model
-def build_task_model(config: BertConfig, info: dict):
-    """The (freshly initialised) task model that `info["task_type"]` names, built from `config`.
-
-    classification: BertClassifier(len(label_list)); regression: BertClassifier(1);
-    span: BertSpanLabeler; multiple_choice: BertMultipleChoice(num_choices);
-    tagging: BertTokenClassifier(len(label_list)); pretraining: BertPretrainer.
-    """
-    from bert_tf.models import (
-        BertClassifier,
-        BertEncoder,
-        BertMultipleChoice,
-        BertPretrainer,
-        BertSpanLabeler,
-        BertTokenClassifier,
-    )
-
-    causal = bool(info.get("causal_attention", False))  # a left-to-right (--objective=ltr) encoder
-
-    def encoder():
-        return BertEncoder(config, causal=causal)
-
-    task = info.get("task_type")
-    if task not in TASK_TYPES:
-        raise ExportError(f"{RUN_INFO_FILE}: task_type {task!r}; expected one of {', '.join(TASK_TYPES)}")
-    if task in ("classification", "tagging"):
-        labels = info.get("label_list")
-        if not isinstance(labels, list) or not labels:
-            raise ExportError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task}")
-    if task == "classification":
-        return BertClassifier(encoder(), num_labels=len(info["label_list"]))
-    if task == "regression":
-        return BertClassifier(encoder(), num_labels=1)
-    if task == "span":
-        return BertSpanLabeler(encoder())
-    if task == "multiple_choice":
-        num_choices = info.get("num_choices")
-        if not isinstance(num_choices, int) or num_choices < 2:
-            raise ExportError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
-        return BertMultipleChoice(encoder(), num_choices=num_choices)
-    if task == "tagging":
-        return BertTokenClassifier(encoder(), num_labels=len(info["label_list"]))
-    return BertPretrainer(config)
-
-
-def latest_checkpoint(model_dir: str) -> str:
-    """The newest `ckpt-<step>` prefix in model_dir (the `checkpoint` state file first, else the highest step)."""
-    latest = tf.train.latest_checkpoint(model_dir)
-    if latest:
-        return latest
-    steps = []
-    for index in tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index")):
-        m = re.fullmatch(r"ckpt-(\d+)\.index", os.path.basename(index))
-        if m:
-            steps.append(int(m.group(1)))
-    if not steps:
-        raise ExportError(f"{model_dir}: no ckpt-<step> checkpoint found")
-    return os.path.join(model_dir, f"ckpt-{max(steps)}")
-
-
-def read_model_dir(model_dir: str):
-    """(BertConfig, run info dict) of a model_dir, with one-line errors for missing pieces."""
-    _check_remote(model_dir)  # (isdir would call an unreachable bucket "not found")
-    if not tf.io.gfile.isdir(model_dir):
-        raise ExportError(f"{model_dir}: model_dir not found")
-    config_file = os.path.join(model_dir, "bert_config.json")
-    if not tf.io.gfile.exists(config_file):
-        raise ExportError(f"{config_file}: not found (a model_dir needs bert_config.json, vocab.txt, {RUN_INFO_FILE})")
-    info_file = os.path.join(model_dir, RUN_INFO_FILE)
-    if not tf.io.gfile.exists(info_file):
-        raise ExportError(f"{info_file}: not found (written by the fine-tuning runners)")
-    try:
-        info = read_run_info(model_dir)
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{info_file}: not valid JSON ({e})") from None
-    for key, kind in (("do_lower_case", bool), ("max_seq_length", int)):
-        if not isinstance(info.get(key), kind):
-            raise ExportError(f"{info_file}: {key} must be a {kind.__name__}")
-    return BertConfig.from_json_file(config_file), info
-
-
-def restore_model_dir(model_dir: str, checkpoint: Optional[str] = None):
-    """The task model of a fine-tuned model_dir with the weights of its latest (or the given) checkpoint.
-
-    Optimizer slots and the step in the checkpoint are ignored; every model
-    variable must be found there.
-    """
-    config, info = read_model_dir(model_dir)
-    model = build_task_model(config, info)
-    path = checkpoint or latest_checkpoint(model_dir)
-    try:
-        status = tf.train.Checkpoint(model=model).read(path)
-        status.expect_partial()
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as e:
-        first = str(e).strip().splitlines()[0][:300]
-        raise ExportError(f"{path}: does not match the {info['task_type']} model of bert_config.json ({first})") from None
-    return model
 
 
 # ------------------------------------------------------------------ metadata and the export itself
@@ -317,18 +212,22 @@ def export_serving_model(
 def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str] = None,
                      max_seq_length: Optional[int] = None, overwrite: bool = False,
                      quantize: Optional[str] = None, **kwargs) -> str:
-    """Exports a fine-tuned model_dir (the contract above); export_type "encoder" exports its encoder only.
+    """Exports a fine-tuned model_dir (bert_tf.model_dir); export_type "encoder" exports its encoder only.
 
     A pretraining model_dir exports its encoder. max_seq_length defaults to the one trained with.
     quantize: None (float32) or "int8" (see export_serving_model).
     """
     quantize = check_quantize(quantize)
-    config, info = read_model_dir(model_dir)
-    _check_export_dir(export_dir, overwrite)
-    vocab_file = os.path.join(model_dir, "vocab.txt")
-    if not tf.io.gfile.exists(vocab_file):
-        raise ExportError(f"{vocab_file}: not found")
-    model = restore_model_dir(model_dir)
+    _check_remote(model_dir)  # (isdir would call an unreachable bucket "not found")
+    try:
+        config, info = model_dir_lib.read(model_dir)
+        _check_export_dir(export_dir, overwrite)
+        vocab_file = model_dir_lib.vocab_path(model_dir)
+        if not tf.io.gfile.exists(vocab_file):
+            raise ExportError(f"{vocab_file}: not found")
+        model = model_dir_lib.restore(model_dir)
+    except model_dir_lib.ModelDirError as e:
+        raise ExportError(str(e)) from None
     task = info["task_type"]
     export_type = export_type or ("encoder" if task == "pretraining" else task)
     if export_type != "encoder" and export_type != task:

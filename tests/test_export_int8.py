@@ -15,7 +15,8 @@ import tensorflow as tf
 from conftest import REPO, TINY_VOCAB, WITHOUT_BERT_TF
 
 from bert_tf.configs import BertConfig, write_run_info
-from bert_tf.export import ExportError, build_task_model, export_model_dir, export_serving_model
+from bert_tf.export import ExportError, export_model_dir, export_serving_model
+from bert_tf.model_dir import build_task_model
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair
 

@@ -350,7 +350,7 @@ def test_aux_lm_weight_must_not_be_negative(tmp_path):
 
 
 def test_export_rebuilds_a_causal_encoder_from_the_run_info():
-    from bert_tf.export import build_task_model
+    from bert_tf.model_dir import build_task_model
 
     info = {"task_type": "classification", "label_list": ["a", "b"]}
     assert build_task_model(CONFIG, dict(info, causal_attention=True)).encoder.causal is True

@@ -10,7 +10,8 @@ import tensorflow as tf
 from conftest import REPO, TINY_VOCAB
 
 from bert_tf.configs import BertConfig, write_run_info
-from bert_tf.export import build_task_model, export_model_dir
+from bert_tf.export import export_model_dir
+from bert_tf.model_dir import build_task_model
 from bert_tf.tokenization import FullTokenizer
 
 SEQ = 24
