@@ -172,6 +172,7 @@ def pretraining_dataset(
     shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
     cycle_length: int = CYCLE_LENGTH,
     skip_corrupt_records: bool = False,
+    drop_remainder: bool = True,
 ) -> tf.data.Dataset:
     """Batches of the original's features (schema.parse_pretraining_example), for one input pipeline.
 
@@ -183,10 +184,11 @@ def pretraining_dataset(
       seed: makes file and record shuffling reproducible.
       skip_corrupt_records: read on past a corrupt or truncated record instead of failing;
         tf.data then drops the rest of that file (count them first with find_corrupt_files).
+      drop_remainder: drop the last partial batch (fixed shapes, as the original on TPU); False
+        keeps it (packing.packed_pretraining_dataset reads every instance of an evaluation).
     Returns a Dataset of dicts: int32 [batch, max_seq_length] input_ids, input_mask,
     segment_ids; int32 [batch, P] masked_lm_positions, masked_lm_ids; float32
-    [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels. The last
-    partial batch is dropped (fixed shapes, as the original on TPU).
+    [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels.
     """
     files = list(files)
     compression = _compression(files[0])
@@ -215,7 +217,7 @@ def pretraining_dataset(
         ds = ds.shard(num_pipelines, pipeline_id)
     if is_training:
         ds = ds.shuffle(shuffle_buffer_size, seed=seed)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     ds = ds.map(
         lambda records: schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq),
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -18,9 +18,23 @@ MASKED_SCORE_BIAS = -10000.0
 
 
 def attention_bias_from_mask(input_mask):
-    """input_mask: int [B, T] (1 = real token) -> float32 additive bias [B, 1, 1, T]."""
-    mask = ops.cast(input_mask, "float32")
-    return ((1.0 - mask) * MASKED_SCORE_BIAS)[:, None, None, :]
+    """input_mask: int [B, T] (1 = real token) -> float32 additive bias [B, 1, 1, T];
+    int [B, F, T] (1 where query f may attend key t, packed_attention_mask) -> [B, 1, F, T]."""
+    bias = (1.0 - ops.cast(input_mask, "float32")) * MASKED_SCORE_BIAS
+    return bias[:, None, None, :] if len(input_mask.shape) == 2 else bias[:, None, :, :]
+
+
+def packed_attention_mask(sequence_ids):
+    """sequence_ids int [B, S] (k for the k-th sequence of a packed row, 0 padding) -> int32 [B, S, S]:
+    1 where query i may attend key j, i.e. sequence_ids[i] == sequence_ids[j] != 0 (block-diagonal).
+
+    Every key of another sequence gets MASKED_SCORE_BIAS, whose softmax weight underflows to
+    exactly 0 in float32 as a padded key's does, so each sequence's attention is the unpacked
+    one (bert_tf/data/packing.py). A padded query has no key; its output is never read.
+    """
+    ids = ops.cast(sequence_ids, "int32")
+    same = ops.logical_and(ops.equal(ids[:, :, None], ids[:, None, :]), ops.not_equal(ids, 0)[:, None, :])
+    return ops.cast(same, "int32")
 
 
 def causal_attention_bias(seq_length):

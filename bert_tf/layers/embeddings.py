@@ -67,17 +67,22 @@ class BertEmbeddings(keras.layers.Layer):
         )
         self.layer_norm.build((None, None, self.hidden_size))
 
-    def call(self, input_ids, segment_ids, training=False, word_table=None):
+    def call(self, input_ids, segment_ids, training=False, word_table=None, position_ids=None):
         """input_ids, segment_ids: int32 [B, S] -> compute-dtype [B, S, H]. `word_table`:
-        a [V, H] tensor to look words up in instead of the word_embeddings variable."""
+        a [V, H] tensor to look words up in instead of the word_embeddings variable.
+        `position_ids` int [B, S]: the rows of the position table to add (packed rows restart
+        at each sequence, bert_tf/data/packing.py); None: 0..S-1 in every row."""
         seq_length = ops.shape(input_ids)[1]
         if word_table is None:
             words = self.word_embeddings(input_ids)  # [B, S, H]
         else:
             words = ops.take(word_table, input_ids, axis=0)
         segments = self.token_type_embeddings(segment_ids)  # [B, S, H]
-        positions = ops.cast(self.position_embeddings[:seq_length], self.compute_dtype)  # [S, H]
-        x = words + segments + positions[None, :, :]
+        if position_ids is None:
+            positions = self.position_embeddings[:seq_length][None, :, :]  # [1, S, H]
+        else:
+            positions = ops.take(self.position_embeddings, ops.cast(position_ids, "int32"), axis=0)  # [B, S, H]
+        x = words + segments + ops.cast(positions, self.compute_dtype)
         x = self.layer_norm(x)  # computed in float32 by Keras, returned in compute dtype
         return self.dropout(x, training=training)
 

@@ -19,6 +19,12 @@ The real-token row count is a shape that changes from batch to batch, so
 XLA-compiled training builds its models with skip_padding=False: the caller
 chooses (bert_tf/training/pretraining.py, the fine-tuning runners).
 
+Packed rows (several sequences per row, bert_tf/data/packing.py) are the same
+calls on other inputs: `sequence_ids` and `position_ids` instead of
+`input_mask` (PACKED_INPUT_NAMES). embed() turns sequence_ids into a
+block-diagonal [B, S, S] attention mask, which the blocks take where they take
+input_mask; each sequence's outputs are its unpacked ones.
+
 Dimensions: B batch, S sequence length (any S <= max_position_embeddings),
 H hidden, P positions read, T token rows, L blocks (num_hidden_layers).
 """
@@ -26,13 +32,16 @@ H hidden, P positions read, T token rows, L blocks (num_hidden_layers).
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from bert_tf.configs import BertConfig
 from bert_tf.layers import BertEmbeddings, TransformerBlock
+from bert_tf.layers.attention import packed_attention_mask
 from bert_tf.layers.layout import TokenLayout
 
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
+PACKED_INPUT_NAMES = ("input_ids", "segment_ids", "sequence_ids", "position_ids")
 
 
 class BertEncoder(keras.Model):
@@ -118,12 +127,18 @@ class BertEncoder(keras.Model):
         return {"sequence_output": x, "pooled_output": self.pool(x, input_mask), "encoder_outputs": encoder_outputs}
 
     def embed(self, inputs, training=False, word_table=None):
-        """The input dict (int [B, S] each of INPUT_NAMES) -> (embeddings [B, S, H], input_mask int32 [B, S]).
-        `word_table` [V, H] (the word-embedding variable's value, in the compute dtype) is looked
-        up instead of reading the variable: the pretrainer ties it to the MLM head."""
-        for key in INPUT_NAMES:
+        """The input dict (int [B, S] each of INPUT_NAMES, or of PACKED_INPUT_NAMES for packed rows)
+        -> (embeddings [B, S, H], attention mask int32: input_mask [B, S], or for packed rows
+        layers.attention.packed_attention_mask [B, S, S]). `word_table` [V, H] (the word-embedding
+        variable's value, in the compute dtype) is looked up instead of reading the variable:
+        the pretrainer ties it to the MLM head."""
+        packed = "sequence_ids" in inputs
+        names = PACKED_INPUT_NAMES if packed else INPUT_NAMES
+        for key in names:
             if key not in inputs:
-                raise KeyError(f"BertEncoder inputs: missing {key!r}; expected {', '.join(INPUT_NAMES)}")
+                raise KeyError(f"BertEncoder inputs: missing {key!r}; expected {', '.join(names)}")
+        if packed and self.causal:
+            raise ValueError("a causal encoder reads one sequence per row; packed rows need a bidirectional one")
         input_ids = ops.cast(inputs["input_ids"], "int32")
         seq_length = input_ids.shape[1]  # static when known
         if seq_length is not None and seq_length > self.config.max_position_embeddings:
@@ -132,7 +147,10 @@ class BertEncoder(keras.Model):
                 f"{self.config.max_position_embeddings} of the bert_config"
             )
         segment_ids = ops.cast(inputs["segment_ids"], "int32")
-        x = self.embeddings(input_ids, segment_ids, training=training, word_table=word_table)
+        x = self.embeddings(input_ids, segment_ids, training=training, word_table=word_table,
+                            position_ids=inputs["position_ids"] if packed else None)
+        if packed:
+            return x, packed_attention_mask(inputs["sequence_ids"])
         return x, ops.cast(inputs["input_mask"], "int32")
 
     def pool(self, sequence_output, input_mask):
@@ -161,13 +179,16 @@ class BertEncoder(keras.Model):
             raise ValueError("a causal encoder computes every position; outputs_at needs a bidirectional one")
         x, input_mask = self.embed(inputs, training=training, word_table=word_table)  # [B, S, H]
         batch = ops.shape(x)[0]
-        layout = TokenLayout.real_tokens(input_mask) if skip_padding else TokenLayout.dense(batch, ops.shape(x)[1])
+        layout = (TokenLayout.real_tokens(token_mask(input_mask)) if skip_padding
+                  else TokenLayout.dense(batch, ops.shape(x)[1]))
         rows = layout.to_rows(x)  # [T, H]
         *blocks, last_block = self.blocks
         for block in blocks:
             rows = block(rows, input_mask, training=training, layout=layout)  # [T, H]
         positions = ops.concatenate([ops.zeros((batch, 1), "int32"), ops.cast(positions, "int32")], 1)  # [B, 1 + P]
         query_rows = ops.reshape(layout.rows_of(positions), ops.shape(positions))  # [B, 1 + P]
+        if len(input_mask.shape) == 3:  # packed: the mask rows of the queries, [B, 1 + P, S]
+            input_mask = tf.gather(input_mask, positions, batch_dims=1)
         out = last_block(rows, input_mask, training=training, layout=layout, query_rows=query_rows)  # [B * (1 + P), H]
         out = ops.reshape(out, (batch, ops.shape(positions)[1], self.config.hidden_size))  # [B, 1 + P, H]
         return {"pooled_output": self.pooler(out[:, 0, :]), "position_output": out[:, 1:, :]}
@@ -176,7 +197,7 @@ class BertEncoder(keras.Model):
         """call() with the dense layers on real tokens only: the same outputs at real positions and
         the same pooled_output; sequence_output and encoder_outputs are zero at padded positions."""
         x, input_mask = self.embed(inputs, training=training)  # [B, S, H]
-        layout = TokenLayout.real_tokens(input_mask)
+        layout = TokenLayout.real_tokens(token_mask(input_mask))
         rows = layout.to_rows(x)  # [T, H]
         encoder_outputs = []
         for block in self.blocks:
@@ -203,6 +224,14 @@ class BertEncoder(keras.Model):
     def word_embeddings(self):
         """The [V, H] word-embedding variable (tied to the masked-LM output layer)."""
         return self.embeddings.word_embeddings.embeddings
+
+
+def token_mask(attention_mask):
+    """embed()'s attention mask -> int [B, S], 1 at real tokens: input_mask [B, S] itself; of a packed
+    [B, S, S] mask its diagonal (a token attends to itself iff it is real)."""
+    if len(attention_mask.shape) == 2:
+        return attention_mask
+    return ops.diagonal(attention_mask, axis1=1, axis2=2)
 
 
 def build_encoder(config: BertConfig, **kwargs) -> BertEncoder:

@@ -7,7 +7,15 @@ Losses and metrics follow docs/reference.md §3 (the original run_pretraining.py
   masked_lm_accuracy = sum(w * [argmax == id]) / sum(w)
   next_sentence_accuracy = mean [argmax == label]
 
-Dimensions: B batch, S sequence, P max predictions per sequence, V vocab.
+Packed rows (PACKED_PRETRAINING_FEATURES, bert_tf/data/packing.py: several
+sequences per row) are recognised by their `sequence_ids` and handled in
+logits(): next-sentence is read at each sequence's `cls_positions` (the last
+block there, then the pooler) and averaged over real sequences
+(`next_sentence_weights`); masked-LM is averaged over the batch's masked tokens
+as before. The losses are the unpacked ones (tests/test_packing.py).
+
+Dimensions: B batch, S sequence, P max predictions per sequence (per row when
+packed), K sequences per packed row, V vocab.
 """
 
 from __future__ import annotations
@@ -32,6 +40,18 @@ PRETRAINING_FEATURES = (
     "masked_lm_weights",
     "next_sentence_labels",
 )
+PACKED_PRETRAINING_FEATURES = (
+    "input_ids",
+    "segment_ids",
+    "sequence_ids",
+    "position_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "cls_positions",
+    "next_sentence_labels",
+    "next_sentence_weights",
+)
 
 
 def label_log_probs(logits, labels):
@@ -54,12 +74,19 @@ def masked_lm_loss_and_accuracy(logits, masked_lm_ids, masked_lm_weights):
     return loss, accuracy
 
 
-def next_sentence_loss_and_accuracy(logits, labels):
-    """logits [B, 2], labels int [B] or [B, 1] -> (mean xent, accuracy), float32 scalars."""
-    labels = ops.reshape(ops.cast(labels, "int32"), (-1,))  # [B]
-    loss = ops.mean(-label_log_probs(logits, labels))
-    correct = ops.equal(ops.argmax(logits, axis=-1), ops.cast(labels, "int64"))
-    return loss, ops.mean(ops.cast(correct, "float32"))
+def next_sentence_loss_and_accuracy(logits, labels, weights=None):
+    """logits [B, 2], labels int [B] or [B, 1] -> (mean xent, accuracy), float32 scalars.
+    Packed: logits [B, K, 2], labels int [B, K], weights float [B, K] (1 per real sequence)
+    -> the weighted means, i.e. the means over the real sequences (0 when there are none)."""
+    logits = ops.reshape(logits, (-1, 2))  # [B * K, 2]
+    labels = ops.reshape(ops.cast(labels, "int32"), (-1,))  # [B * K]
+    xent = -label_log_probs(logits, labels)
+    correct = ops.cast(ops.equal(ops.argmax(logits, axis=-1), ops.cast(labels, "int64")), "float32")
+    if weights is None:
+        return ops.mean(xent), ops.mean(correct)
+    weights = ops.reshape(ops.cast(weights, "float32"), (-1,))
+    count = ops.sum(weights)
+    return ops.divide_no_nan(ops.sum(weights * xent), count), ops.divide_no_nan(ops.sum(weights * correct), count)
 
 
 @tf.custom_gradient
@@ -119,14 +146,25 @@ class BertPretrainer(keras.Model):
             self.next_sentence = None
 
     def logits(self, features, training=False):
-        """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP)}."""
+        """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP),
+        for packed rows [B, K, 2], one per sequence}."""
         # The last block runs only at [CLS] and the masked positions: nothing else reaches a loss.
         lookup_table, output_table = _tied(ops.cast(self.encoder.word_embeddings, self.encoder.compute_dtype))
-        outputs = self.encoder.outputs_at(features, features["masked_lm_positions"], training=training,
+        positions = features["masked_lm_positions"]  # [B, P]
+        packed = "sequence_ids" in features
+        if packed:  # the last block also at every sequence's [CLS]: [B, K + P]
+            num_cls = ops.shape(features["cls_positions"])[1]
+            positions = ops.concatenate([ops.cast(features["cls_positions"], "int32"), ops.cast(positions, "int32")], 1)
+        outputs = self.encoder.outputs_at(features, positions, training=training,
                                           skip_padding=self.skip_padding, word_table=lookup_table)
-        result = {"masked_lm_logits": self.masked_lm(outputs["position_output"], None, output_table)}
+        position_output = outputs["position_output"]
+        pooled = outputs["pooled_output"]  # [B, H]
+        if packed:
+            pooled = self.encoder.pooler(position_output[:, :num_cls])  # [B, K, H]
+            position_output = position_output[:, num_cls:]  # [B, P, H]
+        result = {"masked_lm_logits": self.masked_lm(position_output, None, output_table)}
         if self.next_sentence is not None:
-            result["next_sentence_logits"] = self.next_sentence(outputs["pooled_output"])
+            result["next_sentence_logits"] = self.next_sentence(pooled)
         return result
 
     def call(self, features, training=False):
@@ -137,7 +175,7 @@ class BertPretrainer(keras.Model):
         result = {"loss": mlm_loss, "masked_lm_loss": mlm_loss, "masked_lm_accuracy": mlm_accuracy}
         if self.next_sentence is not None:
             nsp_loss, nsp_accuracy = next_sentence_loss_and_accuracy(
-                logits["next_sentence_logits"], features["next_sentence_labels"]
+                logits["next_sentence_logits"], features["next_sentence_labels"], features.get("next_sentence_weights")
             )
             result.update(loss=mlm_loss + nsp_loss, next_sentence_loss=nsp_loss, next_sentence_accuracy=nsp_accuracy)
         return result
