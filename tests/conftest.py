@@ -53,6 +53,24 @@ def half_precision_matmul_crashes() -> str:
             f"{'/'.join(lost)}; a real CPU without them runs this test")
 
 
+# `pytest -m "not slow"` is the fast loop (README, Development): it leaves out the tests that run
+# scripts or whole runs in subprocesses, end to end. CI runs everything.
+SLOW_MODULES = {
+    "test_quickstart.py", "test_ablations.py", "test_run_classifier.py", "test_run_squad.py", "test_run_swag.py",
+    "test_run_ner.py", "test_run_pretraining.py", "test_reliability.py", "test_console.py", "test_predict.py",
+    "test_memory.py", "test_env.py", "test_hf_fidelity.py", "test_export.py", "test_export_int8.py",
+    "test_convert_checkpoint.py", "test_bench_pretraining.py",
+}
+SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_kjv_records_pack_to_at_least_97_percent",
+              "test_real_text_matches_original", "test_kjv_vocab_coverage"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("half_precision"):
         why = half_precision_matmul_crashes()

@@ -226,7 +226,7 @@ def test_whole_word_masking_keeps_pieces_together(data_dir, tmp_path):
 
 
 # ------------------------------------------------------------------ determinism
-def test_same_seed_same_bytes_for_any_worker_count(data_dir, tmp_path):
+def test_same_seed_same_bytes_for_any_worker_count(data_dir, instances, tmp_path):  # instances: out.tfrecord
     paths = []
     for name, workers in (("a", 1), ("b", 1), ("c", 2)):
         out = tmp_path / f"{name}.tfrecord"
@@ -359,7 +359,7 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     assert not any(name.startswith("out.tfrecord") for name in os.listdir(tmp_path))
 
 
-def test_script_end_to_end(data_dir, tmp_path):
+def test_script_end_to_end(data_dir, instances, tmp_path):  # instances writes out.tfrecord
     out = tmp_path / "s.tfrecord"
     proc = _run_script(tmp_path, f"--input_file={data_dir}/corpus_*.txt", f"--output_file={out}",
                        f"--vocab_file={data_dir}/vocab.txt", f"--max_seq_length={SEQ}",
