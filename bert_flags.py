@@ -31,6 +31,8 @@ def define_tpu_and_strategy_flags():
 
 
 def define_optimizer_flags(learning_rate: float):
+    """How to train, the same for pretraining and fine-tuning: train_settings() reads them (with
+    --mixed_precision and --jit_compile of define_tpu_and_strategy_flags)."""
     flags.DEFINE_float("learning_rate", learning_rate, "The peak learning rate for the optimizer.")
     flags.DEFINE_enum("optimizer", "adamw", ["adamw", "lamb"], "adamw as the original; lamb for large batches.")
     flags.DEFINE_float("weight_decay_rate", 0.01, "Decoupled weight decay (not on LayerNorm or biases).")
@@ -39,6 +41,23 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "How many steps to run per host call (and per log line).")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
+    flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
+
+
+def train_settings(strategy=None):
+    """The TrainSettings (bert_tf.training.loop) the shared training flags describe.
+
+    XLA follows use_jit once the strategy exists; without one (checking the flags before the
+    strategy is built) it is off."""
+    from bert_tf.training.loop import TrainSettings
+
+    return TrainSettings(
+        learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
+        clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
+        jit_compile=use_jit(strategy) if strategy is not None else False,
+        iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+        keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
+        seed=FLAGS.seed)
 
 
 def strategy_name() -> str:
@@ -201,7 +220,6 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_float("warmup_proportion", 0.1, "Proportion of training for linear learning rate warmup.")
     flags.DEFINE_integer("eval_every_steps", 0, "Evaluate on dev every N steps during training and keep the "
                          "best model in <output_dir>/best (0: only at the end).")
-    flags.DEFINE_integer("seed", 12345, "Random seed (head initialisation, dropout, shuffling).")
     flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
@@ -231,13 +249,8 @@ def finetune_settings():
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else strategy_name() != "tpu"
-    return RunSettings(
-        pretrained=pretrained, strategy=strategy, learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer,
-        weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
-        jit_compile=use_jit(strategy), iterations_per_loop=FLAGS.iterations_per_loop,
-        save_checkpoints_steps=FLAGS.save_checkpoints_steps, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
-        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, seed=FLAGS.seed, dynamic_padding=dynamic,
-        aux_lm_weight=FLAGS.aux_lm_weight)
+    return RunSettings(pretrained=pretrained, strategy=strategy, train=train_settings(strategy),
+                       dynamic_padding=dynamic, aux_lm_weight=FLAGS.aux_lm_weight)
 
 
 def _check_export_dir():

@@ -15,6 +15,7 @@ the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
     --num_warmup_steps=10 --learning_rate=2e-5
 """
 
+import dataclasses
 
 from absl import app, flags
 
@@ -53,7 +54,6 @@ flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm", "ltr"], "Pretrainin
 flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copied into --output_dir so "
                     "fine-tuning finds it.")
 flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json.")
-flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
@@ -85,21 +85,17 @@ def main(_):
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, eval_input_files=eval_files,
             init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
-            eval_batch_size=FLAGS.eval_batch_size, learning_rate=FLAGS.learning_rate,
-            num_train_steps=FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
-            save_checkpoints_steps=FLAGS.save_checkpoints_steps, iterations_per_loop=FLAGS.iterations_per_loop,
-            max_eval_steps=FLAGS.max_eval_steps, optimizer=FLAGS.optimizer,
-            weight_decay_rate=FLAGS.weight_decay_rate, clip_norm=FLAGS.clip_norm,
-            mixed_precision=FLAGS.mixed_precision, keep_checkpoint_max=FLAGS.keep_checkpoint_max,
-            gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
+            eval_batch_size=FLAGS.eval_batch_size, num_train_steps=FLAGS.num_train_steps,
+            num_warmup_steps=FLAGS.num_warmup_steps, max_eval_steps=FLAGS.max_eval_steps,
+            train=bert_flags.train_settings(),  # XLA is decided below, once the strategy exists
             use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=FLAGS.vocab_file,
-            do_lower_case=FLAGS.do_lower_case, seed=FLAGS.seed, skip_corrupt_records=FLAGS.skip_corrupt_records,
+            do_lower_case=FLAGS.do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
         )
         config.validate()
     except (ConfigError, InputDataError, PretrainingError) as e:
         fail(str(e))
     strategy = bert_flags.make_strategy()
-    config = config.__class__(**{**config.__dict__, "jit_compile": bert_flags.use_jit(strategy)})
+    config = dataclasses.replace(config, train=bert_flags.train_settings(strategy))
     try:
         results = run_pretraining(config, strategy)
     except (InputDataError, PretrainingError, TrainingError) as e:

@@ -175,8 +175,6 @@ def steps_per_round(args, mean_padded_length):
 
 def run_ours(args, padding, precision, xla):
     """Our run_classifier training path: RunSettings -> make_trainer -> Trainer.train(arrays_dataset_fn)."""
-    import dataclasses
-
     import tensorflow as tf
 
     from bert_tf.configs import BertConfig
@@ -184,7 +182,7 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.models import BertClassifier, BertEncoder
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import RunSettings, make_trainer
-    from bert_tf.training.loop import count_parameters
+    from bert_tf.training.loop import TrainSettings, count_parameters
     from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.strategy import get_strategy
 
@@ -195,9 +193,10 @@ def run_ours(args, padding, precision, xla):
     settings = RunSettings(
         pretrained=Pretrained(config=config, vocab_file=VOCAB_FILE, init_checkpoint=None, fmt=None,
                               do_lower_case=True),
-        strategy=get_strategy("one_device"), learning_rate=LEARNING_RATE, mixed_precision=precision,
-        jit_compile=xla, iterations_per_loop=1, save_checkpoints_steps=10**9, dynamic_padding=dynamic)
-    dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.seed, dynamic_padding=dynamic,
+        strategy=get_strategy("one_device"), dynamic_padding=dynamic,
+        train=TrainSettings(learning_rate=LEARNING_RATE, mixed_precision=precision, jit_compile=xla,
+                            iterations_per_loop=1, save_checkpoints_steps=10**9))
+    dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.train.seed, dynamic_padding=dynamic,
                                    bucket_by_length=padding == "bucket")
     sample = _batch_tokens(dataset_fn(tf.distribute.InputContext(), args.batch), MIX_SAMPLE_BATCHES)
     mix_padded = sum(p for p, _ in sample) / len(sample) / args.batch
@@ -220,7 +219,7 @@ def run_ours(args, padding, precision, xla):
         # it resumes from the checkpoint the previous call saved (model, optimizer, input position)
         # and saves one after its last step (after the last step's log line, so not in any record).
         start = int(trainer.global_step.numpy())
-        trainer.config = dataclasses.replace(trainer.config, train_steps=start + n)
+        trainer.train_steps = start + n
         clock.marks = []
         clock.mark()
         trainer.train(dataset_fn)

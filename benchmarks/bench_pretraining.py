@@ -168,13 +168,12 @@ def run_ours(args, precision, xla):
     config = BertConfig.named(args.size, vocab_size=VOCAB)
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
-        train_config = loop.TrainConfig(
-            model_dir=model_dir, train_steps=args.steps * (args.loops + 1), global_batch_size=args.batch,
-            steps_per_loop=args.steps, save_checkpoints_steps=10**9, mixed_precision=precision, jit_compile=xla,
-            checkpoint_input_pipeline=False)
+        settings = loop.TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
+                                      mixed_precision=precision, jit_compile=xla)
         trainer = loop.Trainer(
-            get_strategy("one_device"), train_config, lambda: BertPretrainer(config, skip_padding=not xla), pretraining_loss_fn,
-            lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0))
+            get_strategy("one_device"), settings, lambda: BertPretrainer(config, skip_padding=not xla), pretraining_loss_fn,
+            lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0), model_dir=model_dir,
+            train_steps=args.steps * (args.loops + 1), global_batch_size=args.batch, checkpoint_input_pipeline=False)
         trainer.loop_history = _CpuStampedList()  # CPU time between loop records = the timed loops' CPU time
         # The final step saves a checkpoint after the last timed loop; it is not timed.
         trainer.train(lambda ctx, b: _dataset(batches))

@@ -134,6 +134,7 @@ def build_data(out, corpus, sizes, seed):
 
 def pretrain(out, objective, data, sizes, seed, strategy):
     from bert_tf.configs import BertConfig
+    from bert_tf.training.loop import TrainSettings
     from bert_tf.training.pretraining import PretrainingConfig, run_pretraining
 
     config = BertConfig(vocab_size=data["vocab_size"], hidden_size=sizes["hidden_size"],
@@ -146,10 +147,11 @@ def pretrain(out, objective, data, sizes, seed, strategy):
     results = run_pretraining(PretrainingConfig(
         bert_config=config, input_files=[data["records"]], output_dir=model_dir, max_seq_length=sizes["seq"],
         max_predictions_per_seq=sizes["predictions"], do_train=True, do_eval=True,
-        train_batch_size=sizes["pretrain_batch"], eval_batch_size=64, learning_rate=sizes["pretrain_lr"],
-        num_train_steps=steps, num_warmup_steps=max(1, steps // 15), save_checkpoints_steps=every,
-        iterations_per_loop=every, keep_checkpoint_max=100, max_eval_steps=20, vocab_file=data["vocab_file"],
-        do_lower_case=True, objective=objective, seed=seed), strategy)
+        train_batch_size=sizes["pretrain_batch"], eval_batch_size=64, num_train_steps=steps,
+        num_warmup_steps=max(1, steps // 15), max_eval_steps=20, vocab_file=data["vocab_file"],
+        train=TrainSettings(learning_rate=sizes["pretrain_lr"], save_checkpoints_steps=every,
+                            iterations_per_loop=every, keep_checkpoint_max=100, seed=seed),
+        do_lower_case=True, objective=objective), strategy)
     # Evenly spaced, the last one the end of training (2000 / 3: 666, 1332, 2000, not also 1998).
     checkpoints = sorted({*(every * (i + 1) for i in range(sizes["num_checkpoints"] - 1)), steps})
     return model_dir, config, checkpoints, results
@@ -160,9 +162,11 @@ def finetune(task, out_dir, pretrained, data, sizes, seed, strategy):
     from bert_tf.runners import classifier, squad
     from bert_tf.runners.common import RunSettings
     from bert_tf.tasks import glue
+    from bert_tf.training.loop import TrainSettings
 
-    settings = RunSettings(pretrained=pretrained, strategy=strategy, learning_rate=sizes["finetune_lr"],
-                           iterations_per_loop=50, save_checkpoints_steps=100000, keep_checkpoint_max=1, seed=seed)
+    settings = RunSettings(pretrained=pretrained, strategy=strategy,
+                           train=TrainSettings(learning_rate=sizes["finetune_lr"], iterations_per_loop=50,
+                                               save_checkpoints_steps=100000, keep_checkpoint_max=1, seed=seed))
     common = dict(output_dir=out_dir, run=settings, max_seq_length=sizes["seq"], do_lower_case=True,
                   train_batch_size=sizes["finetune_batch"], num_train_epochs=sizes["finetune_epochs"])
     if task == "wordspan":

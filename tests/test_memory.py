@@ -16,11 +16,11 @@ if sys.argv[1] == "retain":
 if sys.argv[1] == "trainer":  # a program that trains with the library
     import keras, tensorflow as tf
     from bert_tf.training import loop, optimizer, strategy
-    config = loop.TrainConfig(model_dir=sys.argv[2], train_steps=2, global_batch_size=4, steps_per_loop=1)
-    trainer = loop.Trainer(strategy.get_strategy("one_device"), config,
+    trainer = loop.Trainer(strategy.get_strategy("one_device"), loop.TrainSettings(iterations_per_loop=1),
                            lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
                            lambda model, x, training: (tf.reduce_mean(model(x) ** 2), {}),
-                           lambda v: optimizer.create_optimizer("adamw", v, 0.01, 2, 0))
+                           lambda v: optimizer.create_optimizer("adamw", v, 0.01, 2, 0),
+                           model_dir=sys.argv[2], train_steps=2, global_batch_size=4)
     trainer.train(lambda ctx, batch: tf.data.Dataset.from_tensors(tf.ones((batch, 4))).repeat())
 if sys.argv[1] == "script":  # a training script (run_*.py)
     import bert_flags

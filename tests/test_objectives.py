@@ -29,6 +29,7 @@ from bert_tf.tasks import IGNORE_LABEL_ID
 from bert_tf.tokenization import FullTokenizer, vocab_builder
 from bert_tf.training import auxiliary_lm
 from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.loop import TrainSettings
 from bert_tf.training.pretraining import PretrainingConfig, pretraining_loss_fn, run_pretraining
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]
@@ -171,8 +172,8 @@ def test_pretraining_records_its_objective(pretraining_data, tmp_path, objective
     results = run_pretraining(PretrainingConfig(
         bert_config=config, input_files=[str(root / "train.tfrecord")], output_dir=str(out), max_seq_length=32,
         max_predictions_per_seq=5, do_train=True, do_eval=True, train_batch_size=8, eval_batch_size=8,
-        learning_rate=1e-3, num_train_steps=3, num_warmup_steps=1, iterations_per_loop=3, save_checkpoints_steps=3,
-        max_eval_steps=2, vocab_file=str(root / "vocab.txt"), do_lower_case=True, objective=objective),
+        num_train_steps=3, num_warmup_steps=1,
+        train=TrainSettings(learning_rate=1e-3, iterations_per_loop=3, save_checkpoints_steps=3), max_eval_steps=2, vocab_file=str(root / "vocab.txt"), do_lower_case=True, objective=objective),
         strategy_lib.get_strategy("one_device"))
     info = read_run_info(str(out))
     assert info["objective"] == objective

@@ -37,6 +37,7 @@ from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import loop
 from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.loop import TrainSettings
 from bert_tf.training.pretraining import PretrainingConfig, run_pretraining
 
 TOY = {}
@@ -442,7 +443,7 @@ def test_skip_corrupt_records_counts_and_trains(data, tmp_path, caplog):
         bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
         input_files=[str(data / "train.tfrecord"), str(bad)], output_dir=str(tmp_path / "out"), max_seq_length=SEQ,
         max_predictions_per_seq=PREDS, do_train=True, train_batch_size=8, num_train_steps=4, num_warmup_steps=0,
-        iterations_per_loop=2, save_checkpoints_steps=4, skip_corrupt_records=True)
+        train=TrainSettings(iterations_per_loop=2, save_checkpoints_steps=4), skip_corrupt_records=True)
     with caplog.at_level(logging.WARNING, logger="bert_tf"):
         run_pretraining(config, strategy_lib.get_strategy("one_device"))
     [line] = [r.getMessage() for r in caplog.records if "skip_corrupt_records" in r.getMessage()]

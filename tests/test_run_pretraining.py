@@ -16,6 +16,7 @@ from bert_tf.data import pipelines, pretraining_job
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.loop import TrainSettings
 from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, build_trainer, run_pretraining
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,8 +57,8 @@ def test_loss_goes_down_and_mlm_accuracy_up(data, tmp_path):
         bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
         input_files=[str(data / "train.tfrecord")], output_dir=str(tmp_path), max_seq_length=SEQ,
         max_predictions_per_seq=PREDS, do_train=True, do_eval=True, train_batch_size=32, eval_batch_size=32,
-        learning_rate=2e-3, num_train_steps=120, num_warmup_steps=10, iterations_per_loop=5,
-        save_checkpoints_steps=60, max_eval_steps=5, vocab_file=str(data / "vocab.txt"), do_lower_case=True)
+        num_train_steps=120, num_warmup_steps=10,
+        train=TrainSettings(learning_rate=2e-3, iterations_per_loop=5, save_checkpoints_steps=60), max_eval_steps=5, vocab_file=str(data / "vocab.txt"), do_lower_case=True)
     results = run_pretraining(config, strategy_lib.get_strategy("one_device"))
     events = _events(str(tmp_path))
     loss, acc = events["loss"], events["masked_lm_accuracy"]
@@ -139,7 +140,7 @@ def test_sigkill_then_rerun_resumes_and_sigterm_saves(data, tmp_path):
         bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
         input_files=[str(data / "train.tfrecord")], output_dir=str(tmp_path / "full"), max_seq_length=SEQ,
         max_predictions_per_seq=PREDS, do_train=True, train_batch_size=16, num_train_steps=steps,
-        num_warmup_steps=5, learning_rate=1e-3, iterations_per_loop=2, save_checkpoints_steps=10)
+        num_warmup_steps=5, train=TrainSettings(learning_rate=1e-3, iterations_per_loop=2, save_checkpoints_steps=10))
     run_pretraining(ref_config, strategy_lib.get_strategy("one_device"))
 
     out = tmp_path / "killed"
@@ -190,7 +191,7 @@ def test_bad_flags_fail_in_one_line(data, tmp_path, extra, message):
     (dict(max_seq_length=128), "max_seq_length 128 is longer than the model's max_position_embeddings 64"),
     (dict(num_warmup_steps=500), "num_warmup_steps must be in [0, num_train_steps=20], got 500"),
     (dict(do_train=False), "at least one of do_train or do_eval must be True"),
-    (dict(optimizer="sgd"), "unknown optimizer 'sgd'; expected one of adamw, lamb"),
+    (dict(train=TrainSettings(optimizer="sgd")), "unknown optimizer 'sgd'; expected one of adamw, lamb"),
 ])
 def test_bad_config_fails_in_one_line(data, tmp_path, changes, message):
     base = dict(bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
@@ -208,6 +209,6 @@ def test_the_pretrainer_skips_padding_unless_xla_compiled(tmp_path, jit_compile)
     """The run chooses the encoder's work-skipping: XLA compiles per shape, and the real-token count is one."""
     config = PretrainingConfig(bert_config=BertConfig(vocab_size=40, **TINY), input_files=[], output_dir=str(tmp_path),
                                max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True, num_train_steps=2,
-                               num_warmup_steps=0, jit_compile=jit_compile)
+                               num_warmup_steps=0, train=TrainSettings(jit_compile=jit_compile))
     trainer = build_trainer(config, strategy_lib.get_strategy("one_device"))
     assert trainer.model.skip_padding is not jit_compile

@@ -66,11 +66,12 @@ def settings(tiny_model):
     """RunSettings for in-process runs (the script's finetune_settings without flags)."""
     from bert_tf.finetuning import resolve_pretrained
     from bert_tf.runners.common import RunSettings
+    from bert_tf.training.loop import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))
-    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"), learning_rate=1e-3,
-                       iterations_per_loop=2)
+    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
+                       train=TrainSettings(learning_rate=1e-3, iterations_per_loop=2))
 
 
 def run_swag(*args):

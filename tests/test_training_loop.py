@@ -42,12 +42,13 @@ TOY_SOURCE = textwrap.dedent(
         loss = tf.reduce_mean(tf.square(err))
         return loss, {"mae": tf.reduce_mean(tf.abs(err)), "weighted": (tf.reduce_mean(batch["x"][:, 0]), 2.0)}
 
-    def make_trainer(model_dir, strategy="one_device", steps=12, batch=16, **kw):
-        cfg = dict(model_dir=model_dir, train_steps=steps, global_batch_size=batch, steps_per_loop=3,
-                   save_checkpoints_steps=6)
-        cfg.update(kw)
-        return loop.Trainer(strategy_lib.get_strategy(strategy), loop.TrainConfig(**cfg), model_fn, loss_fn,
-                            lambda v: opt.create_optimizer("adamw", v, 0.05, steps, 2))
+    def make_trainer(model_dir, strategy="one_device", steps=12, batch=16, checkpoint_input_pipeline=True, **kw):
+        settings = dict(iterations_per_loop=3, save_checkpoints_steps=6)
+        settings.update(kw)
+        return loop.Trainer(strategy_lib.get_strategy(strategy), loop.TrainSettings(**settings), model_fn, loss_fn,
+                            lambda v: opt.create_optimizer("adamw", v, 0.05, steps, 2), model_dir=model_dir,
+                            train_steps=steps, global_batch_size=batch,
+                            checkpoint_input_pipeline=checkpoint_input_pipeline)
     """
 )
 exec(TOY_SOURCE)  # noqa: S102 - defines dataset_fn, model_fn, loss_fn, make_trainer here too
@@ -102,7 +103,7 @@ def test_resume_continues_the_same_trajectory(full_run, tmp_path):
     _, full, _ = full_run
     first = make_trainer(str(tmp_path), steps=12)  # noqa: F821
     # Stop after 6 steps (a checkpoint), as if killed, then start again with the same command.
-    object.__setattr__(first.config, "train_steps", 6)
+    first.train_steps = 6
     first.train(dataset_fn)  # noqa: F821
     second = make_trainer(str(tmp_path), steps=12)  # noqa: F821
     second.train(dataset_fn)  # noqa: F821
@@ -173,10 +174,9 @@ def test_float16_loss_scaling_trains(tmp_path):
 def test_bad_config_is_one_line():
     with pytest.raises(ValueError, match=r"train_batch_size 10 must be a positive multiple of replicas \(1\) x "
                        r"gradient_accumulation_steps \(4\)"):
-        loop.TrainConfig(model_dir="x", train_steps=1, global_batch_size=10,
-                         gradient_accumulation_steps=4).validate(1)
+        loop.TrainSettings(gradient_accumulation_steps=4).validate(1, train_steps=1, global_batch_size=10)
     with pytest.raises(ValueError, match="mixed_precision must be one of float32, bfloat16, float16"):
-        loop.TrainConfig(model_dir="x", train_steps=1, global_batch_size=8, mixed_precision="fp8").validate(1)
+        loop.TrainSettings(mixed_precision="fp8").validate(1, train_steps=1, global_batch_size=8)
 
 
 def test_strategy_errors_are_one_line(monkeypatch):

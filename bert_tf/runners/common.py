@@ -21,15 +21,13 @@ import logging
 import os
 from typing import Callable, Dict, Optional, Tuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from bert_tf import finetuning, model_dir
 from bert_tf.finetuning import FinetuneError, Pretrained
 from bert_tf.runners.task import FinetuneConfig, FinetuneTask
-from bert_tf.training import optimizer as optimizer_lib
-from bert_tf.training.loop import EVAL_DIR, TrainConfig, Trainer, write_eval_results
+from bert_tf.training.loop import EVAL_DIR, Trainer, TrainSettings, write_eval_results
 
 logger = logging.getLogger("bert_tf.runners")
 
@@ -38,21 +36,14 @@ BEST_RESULTS = "best_eval_results.txt"
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """How to train (shared by every runner); the task's own settings live in its run config."""
+    """What every fine-tuning run starts from and how it trains; the task's own settings live in its run config.
+
+    train: how to train, the same type (and flags, bert_flags.train_settings) as pretraining.
+    """
 
     pretrained: Pretrained
     strategy: tf.distribute.Strategy
-    learning_rate: float = 5e-5
-    optimizer: str = "adamw"
-    weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
-    clip_norm: float = optimizer_lib.CLIP_NORM
-    mixed_precision: str = "float32"
-    jit_compile: bool = False
-    iterations_per_loop: int = 1000
-    save_checkpoints_steps: int = 1000
-    keep_checkpoint_max: int = 5
-    gradient_accumulation_steps: int = 1
-    seed: int = 12345
+    train: TrainSettings = TrainSettings()
     dynamic_padding: bool = True  # batch by length; off on TPU (fixed shapes)
     # > 0: add this times the pretraining LM loss on the task inputs (GPT-1's auxiliary objective,
     # lambda = 0.5 there; bert_tf.training.auxiliary_lm). 0: the plain fine-tuning loss, as BERT.
@@ -95,7 +86,7 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
 
     With `settings.aux_lm_weight` > 0 the model gets an LM head and the loss the auxiliary LM term.
     """
-    keras.utils.set_random_seed(settings.seed)  # head initialisation and dropout
+    settings.train.set_seed()  # head initialisation and dropout
     if settings.aux_lm_weight < 0:
         raise ValueError(f"aux_lm_weight must be >= 0, got {settings.aux_lm_weight}")
     if settings.aux_lm_weight > 0:
@@ -106,25 +97,10 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
                                               causal=settings.pretrained.causal,
                                               vocab=load_vocab(settings.pretrained.vocab_file))
     steps = max(num_train_steps, 1)
-    config = TrainConfig(
-        model_dir=output_dir,
-        train_steps=steps,
-        global_batch_size=global_batch_size,
-        steps_per_loop=settings.iterations_per_loop,
-        save_checkpoints_steps=settings.save_checkpoints_steps,
-        keep_checkpoint_max=settings.keep_checkpoint_max,
-        clip_norm=settings.clip_norm,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        mixed_precision=settings.mixed_precision,
-        jit_compile=settings.jit_compile,
-    )
-
-    def optimizer_fn(variables):
-        return optimizer_lib.create_optimizer(
-            settings.optimizer, variables, settings.learning_rate, steps,
-            int(steps * warmup_proportion), weight_decay_rate=settings.weight_decay_rate)
-
-    return Trainer(settings.strategy, config, model_fn, loss_fn, optimizer_fn, init_fn=settings.pretrained.init_fn)
+    return Trainer(settings.strategy, settings.train, model_fn, loss_fn,
+                   settings.train.optimizer_fn(steps, int(steps * warmup_proportion)),
+                   init_fn=settings.pretrained.init_fn, model_dir=output_dir, train_steps=steps,
+                   global_batch_size=global_batch_size)
 
 
 def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[str, float]]:
@@ -148,7 +124,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
     def model_fn():
         return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info,
-                                                     skip_padding=not settings.jit_compile)
+                                                     skip_padding=not settings.train.jit_compile)
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
@@ -193,7 +169,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     results: Dict[str, Dict[str, float]] = {}
     if cfg.do_train:
         trainer.run_summary(train.count, int(num_train_steps * cfg.warmup_proportion), extra=task.summary())
-        dataset_fn = finetuning.arrays_dataset_fn(train.arrays, training=True, seed=settings.seed,
+        dataset_fn = finetuning.arrays_dataset_fn(train.arrays, training=True, seed=settings.train.seed,
                                                   dynamic_padding=settings.dynamic_padding)
         results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                                            metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
@@ -236,7 +212,7 @@ def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_s
     step = int(trainer.global_step.numpy())
     while step < num_train_steps:
         target = min(num_train_steps, (step // eval_every + 1) * eval_every)
-        trainer.config = dataclasses.replace(trainer.config, train_steps=target)
+        trainer.train_steps = target
         trainer.train(dataset_fn)
         step = int(trainer.global_step.numpy())
         results = evaluate()

@@ -8,7 +8,7 @@ The pieces a task brings:
                                       for `input_context` (see bert_tf.data.pipelines)
 
 What the loop does with them (docs/design.md, "Decisions"):
-  * `steps_per_loop` steps per host call: one `tf.function` runs a `tf.range`
+  * `iterations_per_loop` steps per host call: one `tf.function` runs a `tf.range`
     loop of `strategy.run(step)`; the per-replica forward/backward can be
     XLA-compiled (`jit_compile`).
   * Gradients: per-replica grads / replicas, summed across replicas once,
@@ -93,33 +93,34 @@ class TrainingPreempted(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """How to run the loop (not what to train).
+class TrainSettings:
+    """How to train, the same for pretraining and fine-tuning (not what to train, nor for how long).
 
-    model_dir: checkpoints, summaries; resumed from when it holds a checkpoint.
-    train_steps: total optimizer steps (the run stops at this global step).
-    global_batch_size: examples per optimizer step over all replicas and micro-batches.
+    bert_flags.train_settings builds it from the flags every training script shares; the run says
+    its own model_dir, number of steps, global batch size and warmup.
     jit_compile: XLA-compile the step. Build models that skip padding with skip_padding=False
       for it (bert_tf/models/encoder.py: the real-token count changes from batch to batch).
+    seed: keras.utils.set_random_seed before the model is built (None: left as it is).
     """
 
-    model_dir: str
-    train_steps: int
-    global_batch_size: int
-    steps_per_loop: int = 1000
-    save_checkpoints_steps: int = 1000
-    keep_checkpoint_max: int = 5
+    learning_rate: float = 5e-5
+    optimizer: str = "adamw"
+    weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
     clip_norm: float = optimizer_lib.CLIP_NORM
-    gradient_accumulation_steps: int = 1
     mixed_precision: str = "float32"
     jit_compile: bool = False
-    checkpoint_input_pipeline: bool = True
+    iterations_per_loop: int = 1000
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    gradient_accumulation_steps: int = 1
+    seed: Optional[int] = 12345
 
-    def validate(self, num_replicas: int) -> None:
-        if self.train_steps <= 0:
-            raise ValueError(f"num_train_steps must be positive, got {self.train_steps}")
-        if self.steps_per_loop <= 0:
-            raise ValueError(f"iterations_per_loop must be positive, got {self.steps_per_loop}")
+    def validate(self, num_replicas: int, *, train_steps: int, global_batch_size: int) -> None:
+        """One-line ValueErrors for settings a run of `train_steps` x `global_batch_size` cannot use."""
+        if train_steps <= 0:
+            raise ValueError(f"num_train_steps must be positive, got {train_steps}")
+        if self.iterations_per_loop <= 0:
+            raise ValueError(f"iterations_per_loop must be positive, got {self.iterations_per_loop}")
         if self.save_checkpoints_steps <= 0:
             raise ValueError(f"save_checkpoints_steps must be positive, got {self.save_checkpoints_steps}")
         if self.keep_checkpoint_max <= 0:
@@ -129,15 +130,29 @@ class TrainConfig:
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
         split = num_replicas * self.gradient_accumulation_steps
-        if self.global_batch_size <= 0 or self.global_batch_size % split:
+        if global_batch_size <= 0 or global_batch_size % split:
             raise ValueError(
-                f"train_batch_size {self.global_batch_size} must be a positive multiple of replicas ({num_replicas}) "
+                f"train_batch_size {global_batch_size} must be a positive multiple of replicas ({num_replicas}) "
                 f"x gradient_accumulation_steps ({self.gradient_accumulation_steps})"
             )
 
     @property
     def num_micro_batches(self) -> int:
         return self.gradient_accumulation_steps
+
+    def set_seed(self) -> None:
+        """Seeds Python, numpy and Keras (initialisation, dropout) when `seed` is set."""
+        if self.seed is not None:
+            keras.utils.set_random_seed(self.seed)
+
+    def optimizer_fn(self, train_steps: int, warmup_steps: int) -> Callable:
+        """(trainable variables) -> the optimizer: warmup then linear decay to 0 at `train_steps`."""
+
+        def make(variables):
+            return optimizer_lib.create_optimizer(self.optimizer, variables, self.learning_rate, train_steps,
+                                                  warmup_steps, weight_decay_rate=self.weight_decay_rate)
+
+        return make
 
 
 @contextlib.contextmanager
@@ -198,32 +213,45 @@ class Trainer:
 
     Args:
       strategy: a `tf.distribute.Strategy` (bert_tf.training.strategy.get_strategy).
-      config: TrainConfig.
+      settings: TrainSettings (how to train).
       model_fn: () -> built keras.Model (called under the strategy scope and dtype policy).
       loss_fn: (model, batch, training) -> (loss, metrics dict); see the module docstring.
       optimizer_fn: (trainable variables) -> a bert_tf.training.optimizer optimizer.
       init_fn: optional (model) -> None, run only when model_dir has no checkpoint
         (e.g. load --init_checkpoint).
+      model_dir: checkpoints, summaries; resumed from when it holds a checkpoint.
+      train_steps: total optimizer steps (the run stops at this global step).
+      global_batch_size: examples per optimizer step over all replicas and micro-batches.
+      checkpoint_input_pipeline: save the input position with the checkpoints (one device only).
     """
 
     def __init__(
         self,
         strategy: tf.distribute.Strategy,
-        config: TrainConfig,
+        settings: TrainSettings,
         model_fn: Callable[[], keras.Model],
         loss_fn: Callable,
         optimizer_fn: Callable,
         init_fn: Optional[Callable[[keras.Model], None]] = None,
+        *,
+        model_dir: str,
+        train_steps: int,
+        global_batch_size: int,
+        checkpoint_input_pipeline: bool = True,
     ):
-        config.validate(strategy.num_replicas_in_sync)
+        settings.validate(strategy.num_replicas_in_sync, train_steps=train_steps, global_batch_size=global_batch_size)
         self.strategy = strategy
-        self.config = config
+        self.settings = settings
+        self.model_dir = model_dir
+        self.train_steps = train_steps
+        self.global_batch_size = global_batch_size
+        self.checkpoint_input_pipeline = checkpoint_input_pipeline
         self.loss_fn = loss_fn
         self.is_chief = strategy_lib.is_chief(strategy)
-        with strategy.scope(), dtype_policy(config.mixed_precision):
+        with strategy.scope(), dtype_policy(settings.mixed_precision):
             self.model = model_fn()
             self.optimizer = optimizer_fn(self.model.trainable_variables)
-            self.loss_scale = _LossScale() if config.mixed_precision == "float16" else None
+            self.loss_scale = _LossScale() if settings.mixed_precision == "float16" else None
         self.global_step = self.optimizer.iterations
         self._checkpoint_items = dict(model=self.model, optimizer=self.optimizer)
         # Keras keeps dropout's random state in seed-generator variables that tf.train.Checkpoint
@@ -237,8 +265,8 @@ class Trainer:
         # No autograph inside a step: converting the model, loss and optimizer code costs
         # seconds of tracing and they have no tensor-dependent Python control flow
         # (a loss_fn that needs some uses tf.cond / keras.ops.cond).
-        self._grad_fn = tf.function(self._compute_grads, jit_compile=config.jit_compile, autograph=False)
-        self._eval_fn = tf.function(self._eval_outputs, jit_compile=config.jit_compile, autograph=False)
+        self._grad_fn = tf.function(self._compute_grads, jit_compile=settings.jit_compile, autograph=False)
+        self._eval_fn = tf.function(self._eval_outputs, jit_compile=settings.jit_compile, autograph=False)
         self._train_loops = {}
         self._metric_names = None
         self._summary_writers = {}
@@ -255,7 +283,7 @@ class Trainer:
         with tf.GradientTape() as tape:
             loss, metrics = self.loss_fn(self.model, batch, training=True)
             loss = tf.cast(loss, tf.float32)
-            scaled = loss / float(self.strategy.num_replicas_in_sync * self.config.num_micro_batches)
+            scaled = loss / float(self.strategy.num_replicas_in_sync * self.settings.num_micro_batches)
             if self.loss_scale is not None:
                 scaled = scaled * self.loss_scale.scale
         grads = tape.gradient(scaled, self.model.trainable_variables)
@@ -267,7 +295,7 @@ class Trainer:
 
     @tf.autograph.experimental.do_not_convert
     def _replica_step(self, batch):
-        k = self.config.num_micro_batches
+        k = self.settings.num_micro_batches
         if k == 1:
             loss, terms, grads = self._grad_fn(batch)
         else:
@@ -281,7 +309,7 @@ class Trainer:
             loss /= float(k)
         ctx = tf.distribute.get_replica_context()
         grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        clip_scale, grad_norm = optimizer_lib.global_norm_clip_scale(grads, self.config.clip_norm)
+        clip_scale, grad_norm = optimizer_lib.global_norm_clip_scale(grads, self.settings.clip_norm)
         finite = None
         if self.loss_scale is not None:
             finite = tf.math.is_finite(grad_norm)
@@ -326,12 +354,12 @@ class Trainer:
         if iterator is not None:
             items["train_iterator"] = iterator
         checkpoint = tf.train.Checkpoint(**items)
-        directory = self.config.model_dir
+        directory = self.model_dir
         if not self.is_chief:
             # Every worker must take part in the save; only the chief's copy is kept.
             task = self.strategy.cluster_resolver.task_id
             directory = os.path.join(directory, f".worker_{task}_tmp")
-        return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.config.keep_checkpoint_max)
+        return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.settings.keep_checkpoint_max)
 
     def restore(self, manager=None) -> Optional[str]:
         """Restores the newest complete checkpoint of model_dir (model, optimizer, step[, input position]);
@@ -343,7 +371,7 @@ class Trainer:
         Raises CheckpointRestoreError when checkpoints exist but none can be restored (e.g. they
         belong to a model of another size)."""
         manager = manager or self._manager()
-        candidates = model_dir_lib.checkpoint_candidates(self.config.model_dir)
+        candidates = model_dir_lib.checkpoint_candidates(self.model_dir)
         problems = []
         for path in candidates:
             try:
@@ -357,7 +385,7 @@ class Trainer:
             return path
         if problems:
             raise CheckpointRestoreError(
-                f"{self.config.model_dir}: none of its {len(problems)} checkpoint(s) can be restored into this "
+                f"{self.model_dir}: none of its {len(problems)} checkpoint(s) can be restored into this "
                 f"model ({problems[0]}); use another output_dir for a different model"
             )
         if self._init_fn is not None:
@@ -392,7 +420,7 @@ class Trainer:
     def _writer(self, kind):
         if kind not in self._summary_writers:
             if self.is_chief:
-                self._summary_writers[kind] = tf.summary.create_file_writer(os.path.join(self.config.model_dir, kind))
+                self._summary_writers[kind] = tf.summary.create_file_writer(os.path.join(self.model_dir, kind))
             else:
                 self._summary_writers[kind] = tf.summary.create_noop_writer()
         return self._summary_writers[kind]
@@ -456,17 +484,17 @@ class Trainer:
 
     def run_summary(self, num_train_examples: Optional[int] = None, num_warmup_steps: Optional[int] = None,
                     extra: Optional[Dict] = None) -> str:
-        c = self.config
+        c = self.settings
         lines = [
             f"model: {type(self.model).__name__}, {count_parameters(self.model):,} trainable parameters",
             f"strategy: {strategy_lib.describe(self.strategy)}",
-            f"global batch: {c.global_batch_size} ({c.gradient_accumulation_steps} micro-batch(es) of "
-            f"{c.global_batch_size // (self.strategy.num_replicas_in_sync * c.gradient_accumulation_steps)} "
+            f"global batch: {self.global_batch_size} ({c.gradient_accumulation_steps} micro-batch(es) of "
+            f"{self.global_batch_size // (self.strategy.num_replicas_in_sync * c.gradient_accumulation_steps)} "
             f"per replica)",
-            f"steps: {c.train_steps} (warmup {num_warmup_steps if num_warmup_steps is not None else 'n/a'}), "
-            f"{c.steps_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
+            f"steps: {self.train_steps} (warmup {num_warmup_steps if num_warmup_steps is not None else 'n/a'}), "
+            f"{c.iterations_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
             f"examples: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
-            f"{c.train_steps * c.global_batch_size:,} seen by the end",
+            f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}",
         ]
         for key, value in (extra or {}).items():
@@ -480,9 +508,9 @@ class Trainer:
 
         Raises NonFiniteLossError (nothing saved) or TrainingPreempted (after saving).
         """
-        c = self.config
+        c = self.settings
         replicas = self.strategy.num_replicas_in_sync
-        per_replica = c.global_batch_size // (replicas * c.num_micro_batches)
+        per_replica = self.global_batch_size // (replicas * c.num_micro_batches)
         dist = self.distribute(dataset_fn, per_replica, c.num_micro_batches)
         iterator = iter(dist)
         # The spec of one micro-batch (building the pipeline reads no data).
@@ -500,15 +528,15 @@ class Trainer:
         step = int(self.global_step.numpy())
         last_saved = step
         result: Dict[str, float] = {}
-        if step >= c.train_steps:
-            logger.info("step %d >= num_train_steps %d: nothing to train", step, c.train_steps)
+        if step >= self.train_steps:
+            logger.info("step %d >= num_train_steps %d: nothing to train", step, self.train_steps)
             return result
         previous_handler = self._install_sigterm()
         try:
             start_time, start_step = time.time(), step
-            while step < c.train_steps:
+            while step < self.train_steps:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
-                n = min(c.steps_per_loop, c.train_steps - step, next_save - step)
+                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step)
                 loop_start = time.time()
                 losses, sums, grad_norm = train_loop(iterator, tf.constant(n, tf.int32))
                 losses = losses.numpy()
@@ -523,21 +551,21 @@ class Trainer:
                 lr = float(self.optimizer.last_learning_rate().numpy())  # that of step `step`, logged with it
                 result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
                 result["loss"] = float(losses.mean())
-                examples_per_sec = n * c.global_batch_size / max(elapsed, 1e-9)
+                examples_per_sec = n * self.global_batch_size / max(elapsed, 1e-9)
                 summary = dict(result, learning_rate=lr, gradient_norm=float(grad_norm.numpy()),
                                examples_per_second=examples_per_sec)
                 self._write_summaries(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
                 self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"]))
                 rate = (step - start_step) / max(time.time() - start_time, 1e-9)
-                eta = (c.train_steps - step) / rate if rate > 0 else math.inf
+                eta = (self.train_steps - step) / rate if rate > 0 else math.inf
                 logger.info(
                     "step %d/%d loss %.4f %s lr %.3g grad_norm %.3f %.1f examples/s ETA %s",
-                    step, c.train_steps, result["loss"],
+                    step, self.train_steps, result["loss"],
                     " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss"),
                     lr, summary["gradient_norm"], examples_per_sec, _format_eta(eta),
                 )
-                if step % c.save_checkpoints_steps == 0 or step == c.train_steps:
+                if step % c.save_checkpoints_steps == 0 or step == self.train_steps:
                     self._save(manager)
                     last_saved = step
                 if self._preempted:
@@ -551,7 +579,7 @@ class Trainer:
             raise WorkerLostError(
                 f"a worker of the multi-worker cluster is gone at step {step} ({type(e).__name__}: "
                 f"{_peer_detail(e)}); restart every worker with the same command to resume "
-                f"from {tf.train.latest_checkpoint(c.model_dir) or 'the start'}"
+                f"from {tf.train.latest_checkpoint(self.model_dir) or 'the start'}"
             ) from None
         finally:
             self._restore_sigterm(previous_handler)
@@ -596,7 +624,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ SIGTERM
     def _can_checkpoint_iterator(self) -> bool:
-        return self.config.checkpoint_input_pipeline and self._single_device()
+        return self.checkpoint_input_pipeline and self._single_device()
 
     def _install_sigterm(self):
         try:

@@ -27,7 +27,6 @@ import logging
 import os
 from typing import Dict, Optional, Sequence
 
-import keras
 import tensorflow as tf
 
 from bert_tf import model_dir
@@ -59,7 +58,8 @@ class PretrainingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class PretrainingConfig:
-    """Everything run_pretraining.py's flags say; batch sizes are global."""
+    """Everything run_pretraining.py's flags say; batch sizes are global; `train`: how to train,
+    as fine-tuning (bert_flags.train_settings builds both from the same flags)."""
 
     bert_config: BertConfig
     input_files: Sequence[str]
@@ -72,26 +72,16 @@ class PretrainingConfig:
     init_checkpoint: Optional[str] = None
     train_batch_size: int = 32
     eval_batch_size: int = 8
-    learning_rate: float = 5e-5
     num_train_steps: int = 100000
     num_warmup_steps: int = 10000
-    save_checkpoints_steps: int = 1000
-    iterations_per_loop: int = 1000
     max_eval_steps: int = DEFAULT_MAX_EVAL_STEPS
-    optimizer: str = "adamw"
-    weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
-    clip_norm: float = optimizer_lib.CLIP_NORM
-    mixed_precision: str = "float32"
-    jit_compile: bool = False
-    keep_checkpoint_max: int = 5
-    gradient_accumulation_steps: int = 1
+    train: loop.TrainSettings = loop.TrainSettings()
     use_next_sentence_prediction: bool = True
     # One of OBJECTIVES. "mlm_nsp" with use_next_sentence_prediction=False means "mlm" (the older spelling);
     # "mlm" and "ltr" turn use_next_sentence_prediction off, so the two fields always agree.
     objective: str = DEFAULT_OBJECTIVE
     vocab_file: Optional[str] = None
     do_lower_case: Optional[bool] = None
-    seed: Optional[int] = 12345
     skip_corrupt_records: bool = False  # read on past corrupt TFRecord data (counted and logged) instead of failing
 
     def __post_init__(self):
@@ -134,13 +124,13 @@ class PretrainingConfig:
             raise PretrainingError(
                 f"num_warmup_steps must be in [0, num_train_steps={self.num_train_steps}], got {self.num_warmup_steps}"
             )
-        if self.learning_rate <= 0:
-            raise PretrainingError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.train.learning_rate <= 0:
+            raise PretrainingError(f"learning_rate must be positive, got {self.train.learning_rate}")
         if self.eval_batch_size <= 0 or self.max_eval_steps <= 0:
             raise PretrainingError("eval_batch_size and max_eval_steps must be positive")
-        if self.optimizer not in optimizer_lib.OPTIMIZERS:
+        if self.train.optimizer not in optimizer_lib.OPTIMIZERS:
             raise PretrainingError(
-                f"unknown optimizer {self.optimizer!r}; expected one of {', '.join(optimizer_lib.OPTIMIZERS)}"
+                f"unknown optimizer {self.train.optimizer!r}; expected one of {', '.join(optimizer_lib.OPTIMIZERS)}"
             )
 
 
@@ -220,22 +210,11 @@ def _init_fn(init_checkpoint: Optional[str]):
 def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> loop.Trainer:
     from bert_tf.models.pretrainer import BertPretrainer
 
-    if config.seed is not None:
-        keras.utils.set_random_seed(config.seed)
-    train_config = loop.TrainConfig(
-        model_dir=config.output_dir,
-        train_steps=config.num_train_steps,
-        global_batch_size=config.train_batch_size,
-        steps_per_loop=config.iterations_per_loop,
-        save_checkpoints_steps=config.save_checkpoints_steps,
-        keep_checkpoint_max=config.keep_checkpoint_max,
-        clip_norm=config.clip_norm,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        mixed_precision=config.mixed_precision,
-        jit_compile=config.jit_compile,
-    )
+    settings = config.train
+    settings.set_seed()
     try:
-        train_config.validate(strategy.num_replicas_in_sync)
+        settings.validate(strategy.num_replicas_in_sync, train_steps=config.num_train_steps,
+                          global_batch_size=config.train_batch_size)
     except ValueError as e:
         raise PretrainingError(str(e)) from None
 
@@ -245,23 +224,19 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
             return LeftToRightPretrainer(config.bert_config)
         return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction,
-                              skip_padding=not config.jit_compile)  # XLA: no per-batch row count
+                              skip_padding=not settings.jit_compile)  # XLA: no per-batch row count
 
-    def optimizer_fn(variables):
-        return optimizer_lib.create_optimizer(
-            config.optimizer, variables, config.learning_rate, config.num_train_steps, config.num_warmup_steps,
-            weight_decay_rate=config.weight_decay_rate,
-        )
-
-    return loop.Trainer(strategy, train_config, model_fn, pretraining_loss_fn, optimizer_fn,
-                        init_fn=_init_fn(config.init_checkpoint))
+    return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
+                        settings.optimizer_fn(config.num_train_steps, config.num_warmup_steps),
+                        init_fn=_init_fn(config.init_checkpoint), model_dir=config.output_dir,
+                        train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
 
 def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
     def dataset_fn(ctx, batch_size):
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
-            input_context=ctx, seed=config.seed, skip_corrupt_records=config.skip_corrupt_records,
+            input_context=ctx, seed=config.train.seed, skip_corrupt_records=config.skip_corrupt_records,
         )
 
     return dataset_fn
@@ -317,7 +292,8 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
                 "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
                          f"{config.max_predictions_per_seq} predictions per sequence",
                 "objective": f"{config.objective}: {OBJECTIVES[config.objective][0]}",
-                "optimizer": f"{config.optimizer}, lr {config.learning_rate}, weight decay {config.weight_decay_rate}",
+                "optimizer": f"{config.train.optimizer}, lr {config.train.learning_rate}, "
+                             f"weight decay {config.train.weight_decay_rate}",
             },
         )
         with _naming_corrupt_files(train_files):
