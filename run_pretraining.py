@@ -54,6 +54,11 @@ flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm", "ltr"], "Pretrainin
 flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copied into --output_dir so "
                     "fine-tuning finds it.")
 flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json.")
+flags.DEFINE_bool("pack_sequences", False, "Pack several instances into each row of max_seq_length (attention "
+                  "within each, positions restarting): static shapes without most of the padding, for XLA on "
+                  "TPU/GPU. Batch sizes then count packed rows.")
+flags.DEFINE_integer("max_sequences_per_row", None, "With --pack_sequences: the most instances in one row "
+                     "(default: bert_tf.data.packing.MAX_SEQUENCES_PER_ROW).")
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
@@ -90,6 +95,8 @@ def main(_):
             train=bert_flags.train_settings(),  # XLA is decided below, once the strategy exists
             use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=FLAGS.vocab_file,
             do_lower_case=FLAGS.do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
+            pack_sequences=FLAGS.pack_sequences,
+            **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row else {}),
         )
         config.validate()
     except (ConfigError, InputDataError, PretrainingError) as e:

@@ -82,6 +82,42 @@ def test_loss_goes_down_and_mlm_accuracy_up(data, tmp_path):
     assert json.loads((tmp_path / "bert_tf_info.json").read_text())["do_lower_case"] is True
 
 
+def test_packed_rows_under_xla_learn_with_one_compilation(data, tmp_path):
+    """--pack_sequences with jit_compile: several instances per row, static shapes, so the compiled
+    step is traced (and compiled) once for the whole run; the model learns; eval reads every instance."""
+    from bert_tf.training import pretraining
+
+    # Records of short instances: documents of two half-verses (the corpus's own instances fill every row).
+    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
+        halves = [" ".join(line.split()[:8]) for line in f if len(line.split()) >= 8]
+    corpus = tmp_path / "short_docs.txt"
+    corpus.write_text("".join(f"{a}\n{b}\n\n" for a, b in zip(halves[::2], halves[1::2], strict=False)), encoding="utf-8")
+    records = str(tmp_path / "short.tfrecord")
+    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+        input_file=str(corpus), output_file=records, vocab_file=str(data / "vocab.txt"), max_seq_length=2 * SEQ,
+        max_predictions_per_seq=2 * PREDS, dupe_factor=1, num_workers=1))
+    config = PretrainingConfig(
+        bert_config=BertConfig.from_json_file(str(data / "bert_config.json")),
+        input_files=[records], output_dir=str(tmp_path / "model"), max_seq_length=2 * SEQ,
+        max_predictions_per_seq=2 * PREDS, do_train=True, do_eval=True, train_batch_size=16, eval_batch_size=16,
+        num_train_steps=60, num_warmup_steps=5, max_eval_steps=5, pack_sequences=True,
+        train=TrainSettings(learning_rate=2e-3, iterations_per_loop=5, save_checkpoints_steps=60, jit_compile=True))
+    config.validate()
+    trainer = build_trainer(config, strategy_lib.get_strategy("one_device"))
+    batches = list(pretraining._dataset_fn(config, config.input_files, is_training=True)(None, 16).take(20))
+    assert all(b["input_ids"].shape == (16, 2 * SEQ) for b in batches)
+    per_row = np.concatenate([tf.reduce_max(b["sequence_ids"], axis=1).numpy() for b in batches])
+    assert per_row.mean() > 1.3  # rows really hold several instances
+    trainer.train(pretraining._dataset_fn(config, config.input_files, is_training=True))
+    assert trainer._grad_fn.experimental_get_tracing_count() == 1  # 60 steps, 12 loops: one XLA program
+    loss = _events(str(tmp_path / "model"))["loss"]
+    assert np.mean([loss[s] for s in (50, 55, 60)]) < loss[5] - 0.5, loss
+    with pytest.raises(PretrainingError, match="pack_sequences needs a bidirectional objective"):
+        PretrainingConfig(bert_config=config.bert_config, input_files=config.input_files, output_dir=str(tmp_path),
+                          max_seq_length=2 * SEQ, max_predictions_per_seq=2 * PREDS, do_train=True, objective="ltr",
+                          pack_sequences=True).validate()
+
+
 def test_record_length_mismatch_is_one_line(data):
     path = str(data / "train.tfrecord")
     with pytest.raises(pipelines.InputDataError) as info:

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from bert_tf import model_dir
 from bert_tf.configs import BertConfig, read_run_info, write_run_info
-from bert_tf.data import pipelines
+from bert_tf.data import packing, pipelines
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 
@@ -83,6 +83,10 @@ class PretrainingConfig:
     vocab_file: Optional[str] = None
     do_lower_case: Optional[bool] = None
     skip_corrupt_records: bool = False  # read on past corrupt TFRecord data (counted and logged) instead of failing
+    # Several instances per row of max_seq_length (bert_tf.data.packing): static shapes with little
+    # padding, for XLA on TPU/GPU. Batch sizes then count packed rows.
+    pack_sequences: bool = False
+    max_sequences_per_row: int = packing.MAX_SEQUENCES_PER_ROW
 
     def __post_init__(self):
         if self.objective == "mlm_nsp" and not self.use_next_sentence_prediction:
@@ -128,6 +132,11 @@ class PretrainingConfig:
             raise PretrainingError(f"learning_rate must be positive, got {self.train.learning_rate}")
         if self.eval_batch_size <= 0 or self.max_eval_steps <= 0:
             raise PretrainingError("eval_batch_size and max_eval_steps must be positive")
+        if self.pack_sequences and self.causal:
+            raise PretrainingError("pack_sequences needs a bidirectional objective (mlm_nsp or mlm), not "
+                                   f"{self.objective!r}")
+        if self.max_sequences_per_row < 1:
+            raise PretrainingError(f"max_sequences_per_row must be >= 1, got {self.max_sequences_per_row}")
         if self.train.optimizer not in optimizer_lib.OPTIMIZERS:
             raise PretrainingError(
                 f"unknown optimizer {self.train.optimizer!r}; expected one of {', '.join(optimizer_lib.OPTIMIZERS)}"
@@ -151,7 +160,10 @@ def pretraining_loss_fn(model, batch, training):
         "masked_lm_loss": (outputs["masked_lm_loss"], num_predictions),
     }
     if "next_sentence_loss" in outputs:
-        examples = tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+        if "next_sentence_weights" in batch:  # packed rows: the real sequences, not the rows
+            examples = tf.reduce_sum(tf.cast(batch["next_sentence_weights"], tf.float32))
+        else:
+            examples = tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
         metrics["next_sentence_accuracy"] = (outputs["next_sentence_accuracy"], examples)
         metrics["next_sentence_loss"] = (outputs["next_sentence_loss"], examples)
     return outputs["loss"], metrics
@@ -234,6 +246,11 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
 def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
     def dataset_fn(ctx, batch_size):
+        if config.pack_sequences:
+            return packing.packed_pretraining_dataset(
+                files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
+                input_context=ctx, seed=config.train.seed, max_sequences_per_row=config.max_sequences_per_row,
+                skip_corrupt_records=config.skip_corrupt_records)
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
             input_context=ctx, seed=config.train.seed, skip_corrupt_records=config.skip_corrupt_records,
