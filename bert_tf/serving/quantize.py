@@ -93,7 +93,7 @@ METHOD = {
     "activations": "uint8 per call from the runtime min/max of each layer's input, asymmetric: one range per "
                    "token in the attention-output and FFN-output layers, one per tensor in the others (so an "
                    "input's result varies slightly with the other inputs of its batch)",
-    "weights": "int8 symmetric in [-WEIGHT_LEVELS, WEIGHT_LEVELS], graph constants",
+    "weights": f"int8 symmetric in [-{WEIGHT_LEVELS}, {WEIGHT_LEVELS}], graph constants",
     "kernel": "TensorFlow's oneDNN _QuantizedMatMul (SCALED input, BiasAdd + activation + Dequantize fused, the "
               "uint8 offset compensated in the bias); x86 TensorFlow with oneDNN (pip wheels)",
 }
@@ -312,15 +312,9 @@ def int8_dense_calls(encoder, weight_scale: str = "channel"):
             del layer.call
 
 
-def int8_weight_bytes(encoder) -> int:
-    """Bytes of the int8 kernels an int8 export embeds for `encoder`."""
-    return sum(int(np.prod(layer.kernel.shape)) for _, layer in block_dense_layers(encoder))
-
-
 def describe(weight_scale: str, layers: List[str], extra: Optional[Dict] = None) -> Dict:
     """The metadata entries of an int8 export."""
     method = dict(METHOD)
-    method["weights"] = method["weights"].replace("WEIGHT_LEVELS", str(WEIGHT_LEVELS))
     method["weights"] += f", round(W * {WEIGHT_LEVELS} / max|W|), one max per " + (
         "output column" if weight_scale == "channel" else "tensor")
     method["weight_scale"] = weight_scale
