@@ -12,6 +12,10 @@
   python export_savedmodel.py --init_checkpoint=all-MiniLM-L6-v2/ --export_dir=export/minilm
   # the same signatures with the Transformer blocks' dense layers in dynamic int8 (x86 TensorFlow with oneDNN)
   python export_savedmodel.py --model_dir=out/mrpc --export_dir=export/mrpc_int8 --quantize=int8
+  # TF-Hub's BERT workflow: the encoder export is fine-tunable with hub.KerasLayer(..., trainable=True);
+  # its preprocessor (strings -> input_word_ids / input_mask / input_type_ids; tokenize; bert_pack_inputs)
+  python export_savedmodel.py --init_checkpoint=all-MiniLM-L6-v2/ --task_type=preprocessor \
+      --export_dir=export/minilm_preprocess
 
 Load it with only `import tensorflow as tf, tensorflow_text`: `tf.saved_model.load(export_dir)
 .signatures["serving_default"](text_a=tf.constant([...]), text_b=tf.constant([""]))`.
@@ -35,8 +39,11 @@ flags.DEFINE_bool("do_lower_case", True, "Casing for --init_checkpoint (a model_
 flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (written to a temporary name, then renamed).")
 flags.DEFINE_integer("max_seq_length", None,
                      "Sequence length of the serving inputs. Default: the model_dir's; 128 for --init_checkpoint.")
-flags.DEFINE_enum("task_type", None, ["encoder", "classification", "regression", "span", "multiple_choice", "tagging"],
-                  "What to export. Default: the model_dir's task (its encoder for pretraining).")
+flags.DEFINE_enum("task_type", None, ["encoder", "preprocessor", "classification", "regression", "span",
+                                       "multiple_choice", "tagging"],
+                  "What to export. Default: the model_dir's task (its encoder for pretraining). preprocessor: "
+                  "the TF-Hub BERT preprocessor of the model's vocab and casing (strings -> the encoder's inputs "
+                  "at --max_seq_length).")
 flags.DEFINE_integer("max_query_length", 64, "span: question pieces kept.")
 flags.DEFINE_integer("max_answer_length", 30, "span: longest answer in pieces.")
 flags.DEFINE_bool("overwrite", False, "Replace a non-empty --export_dir.")
@@ -65,12 +72,13 @@ def main(argv):
                 overwrite=FLAGS.overwrite, max_query_length=FLAGS.max_query_length,
                 max_answer_length=FLAGS.max_answer_length, quantize=FLAGS.quantize)
         else:
-            if FLAGS.task_type not in (None, "encoder"):
-                raise export.ExportError("--init_checkpoint exports an encoder; use --model_dir for task models")
+            if FLAGS.task_type not in (None, "encoder", export.PREPROCESSOR):
+                raise export.ExportError("--init_checkpoint exports an encoder or a preprocessor; use --model_dir "
+                                         "for task models")
             out = export.export_checkpoint(
                 FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
                 FLAGS.export_dir, FLAGS.max_seq_length or DEFAULT_ENCODER_SEQ_LENGTH, overwrite=FLAGS.overwrite,
-                quantize=FLAGS.quantize)
+                quantize=FLAGS.quantize, export_type=FLAGS.task_type or "encoder")
     except (export.ExportError, CheckpointError, ConfigError, VocabError) as e:
         print(f"export_savedmodel.py: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -3,6 +3,11 @@
 The model directory it reads (side files, checkpoints, the task model they
 rebuild) is bert_tf.model_dir's.
 
+`export_preprocessor` (export type "preprocessor") writes the other half of
+TF-Hub's BERT workflow: strings -> the encoder's inputs, with TF-Hub's
+`tokenize` and `bert_pack_inputs` (bert_tf.serving.preprocessor); the encoder
+export is the fine-tunable half (a TF-Hub reusable SavedModel, encoder.py).
+
 The export: check the request, write the vocab and the metadata as assets,
 look the export type up in SERVING_MODULES (one `tf.Module` per task type in
 `bert_tf/serving/`, with the signatures serving_default, serve_ids and
@@ -36,6 +41,7 @@ from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
 from bert_tf.serving.module import ServingOptions, ServingOptionsError
 from bert_tf.serving.multiple_choice import MultipleChoiceServing
+from bert_tf.serving.preprocessor import PreprocessorServing
 from bert_tf.serving.span import SpanServing
 from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import InGraphTokenizer, tokenizer_metadata
@@ -52,6 +58,8 @@ SERVING_MODULES = {
     "tagging": TaggingServing,
 }
 EXPORT_TYPES = tuple(SERVING_MODULES)
+# The TF-Hub BERT preprocessor (bert_tf/serving/preprocessor.py): tokenizer and packing only, no model.
+PREPROCESSOR = "preprocessor"
 METADATA_FILE = "bert_tf_export.json"
 METADATA_VERSION = 1
 
@@ -158,32 +166,19 @@ def export_serving_model(
     if quantize and encoder.compute_dtype != "float32":
         raise ExportError(f"int8 export quantizes a float32 model; this one computes in {encoder.compute_dtype}")
 
-    export_dir = export_dir.rstrip("/")
-    parent = os.path.dirname(os.path.abspath(export_dir))
-    tf.io.gfile.makedirs(parent)
-    staging = tempfile.mkdtemp(prefix=".export-assets-")
-    tmp_dir = f"{export_dir}.tmp-{os.getpid()}"
-    try:
-        vocab_asset = _write_vocab_asset(vocab_file, staging)
-        metadata = {
-            "format": "bert_tf SavedModel",
-            "version": METADATA_VERSION,
-            "export_type": export_type,
-            "max_seq_length": int(max_seq_length),
-            "label_list": label_list,
-            "num_choices": num_choices,
-            "bert_config": encoder.config.to_dict(),
-            "tokenizer": tokenizer_metadata(do_lower_case, strip_accents),
-        }
-        metadata.update(serving_module.metadata_entries(options))
-        if quantize:
-            layers = [name for name, _ in quantization.block_dense_layers(encoder)]
-            metadata.update(quantization="int8-dynamic",
-                            quantization_method=quantization.describe(int8_weight_scale, layers))
-        metadata_file = os.path.join(staging, METADATA_FILE)
-        with open(metadata_file, "w", encoding="utf-8") as f:
-            json.dump(metadata, f, indent=2, sort_keys=True, ensure_ascii=False)
+    metadata = {
+        "format": "bert_tf SavedModel",
+        "version": METADATA_VERSION,
+        "export_type": export_type,
+        "max_seq_length": int(max_seq_length),
+        "label_list": label_list,
+        "num_choices": num_choices,
+        "bert_config": encoder.config.to_dict(),
+        "tokenizer": tokenizer_metadata(do_lower_case, strip_accents),
+    }
+    metadata.update(serving_module.metadata_entries(options))
 
+    def save(tmp_dir, vocab_asset, metadata_file):
         tokenizer = InGraphTokenizer(vocab_asset, do_lower_case=do_lower_case, strip_accents=strip_accents)
         served = encoder if serving_module.serves_encoder else model
         with contextlib.ExitStack() as stack:
@@ -194,14 +189,62 @@ def export_serving_model(
                 int8 = stack.enter_context(quantization.int8_dense_calls(encoder, int8_weight_scale))
                 kept = [v for v in served.variables if id(v) not in int8["replaced_variables"]]
             module = serving_module(served, tokenizer, options, metadata_file, kept_variables=kept)
-            if tf.io.gfile.exists(tmp_dir):
-                tf.io.gfile.rmtree(tmp_dir)
             tf.saved_model.save(module, tmp_dir, signatures=module.signatures())
+
+    try:
+        if quantize:
+            layers = [name for name, _ in quantization.block_dense_layers(encoder)]
+            metadata.update(quantization="int8-dynamic",
+                            quantization_method=quantization.describe(int8_weight_scale, layers))
+        return _save_export(export_dir, vocab_file, metadata, save)
+    except quantization.QuantizationError as e:
+        raise ExportError(str(e)) from None
+
+
+def export_preprocessor(export_dir: str, vocab_file: str, do_lower_case: bool, seq_length: int,
+                        strip_accents: Optional[bool] = None, overwrite: bool = False) -> str:
+    """Writes a TF-Hub BERT preprocessor SavedModel (bert_tf.serving.preprocessor) to export_dir.
+
+    Its default call packs one text to seq_length; bert_pack_inputs takes any seq_length.
+    """
+    if seq_length < 3:
+        raise ExportError(f"seq_length {seq_length} leaves no room for a wordpiece after [CLS] and [SEP]")
+    _check_export_dir(export_dir, overwrite)
+    metadata = {
+        "format": "bert_tf SavedModel",
+        "version": METADATA_VERSION,
+        "export_type": "preprocessor",
+        "max_seq_length": int(seq_length),
+        "tokenizer": tokenizer_metadata(do_lower_case, strip_accents),
+    }
+
+    def save(tmp_dir, vocab_asset, metadata_file):
+        tokenizer = InGraphTokenizer(vocab_asset, do_lower_case=do_lower_case, strip_accents=strip_accents)
+        module = PreprocessorServing(tokenizer, seq_length, metadata_file)
+        tf.saved_model.save(module, tmp_dir, signatures=module.signatures())
+
+    return _save_export(export_dir, vocab_file, metadata, save)
+
+
+def _save_export(export_dir: str, vocab_file: str, metadata: dict, save) -> str:
+    """Writes the vocab and the metadata as assets, calls save(tmp_dir, vocab_asset, metadata_file)
+    to write the SavedModel to a temporary sibling of export_dir, and renames that into place."""
+    export_dir = export_dir.rstrip("/")
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    tf.io.gfile.makedirs(parent)
+    staging = tempfile.mkdtemp(prefix=".export-assets-")
+    tmp_dir = f"{export_dir}.tmp-{os.getpid()}"
+    try:
+        vocab_asset = _write_vocab_asset(vocab_file, staging)
+        metadata_file = os.path.join(staging, METADATA_FILE)
+        with open(metadata_file, "w", encoding="utf-8") as f:
+            json.dump(metadata, f, indent=2, sort_keys=True, ensure_ascii=False)
+        if tf.io.gfile.exists(tmp_dir):
+            tf.io.gfile.rmtree(tmp_dir)
+        save(tmp_dir, vocab_asset, metadata_file)
         if tf.io.gfile.exists(export_dir):
             tf.io.gfile.rmtree(export_dir)  # only reached when empty or overwrite was asked for
         tf.io.gfile.rename(tmp_dir, export_dir)
-    except quantization.QuantizationError as e:
-        raise ExportError(str(e)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if tf.io.gfile.exists(tmp_dir):
@@ -212,7 +255,8 @@ def export_serving_model(
 def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str] = None,
                      max_seq_length: Optional[int] = None, overwrite: bool = False,
                      quantize: Optional[str] = None, **kwargs) -> str:
-    """Exports a fine-tuned model_dir (bert_tf.model_dir); export_type "encoder" exports its encoder only.
+    """Exports a fine-tuned model_dir (bert_tf.model_dir); export_type "encoder" exports its encoder only,
+    "preprocessor" its TF-Hub preprocessor (vocab and casing; no weights).
 
     A pretraining model_dir exports its encoder. max_seq_length defaults to the one trained with.
     quantize: None (float32) or "int8" (see export_serving_model).
@@ -225,13 +269,20 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
         vocab_file = model_dir_lib.vocab_path(model_dir)
         if not tf.io.gfile.exists(vocab_file):
             raise ExportError(f"{vocab_file}: not found")
+        if export_type == PREPROCESSOR:
+            if quantize:
+                raise ExportError("a preprocessor has no weights to quantize")
+            return export_preprocessor(export_dir, vocab_file, info["do_lower_case"],
+                                       max_seq_length or info["max_seq_length"],
+                                       strip_accents=info.get("strip_accents"), overwrite=overwrite)
         model = model_dir_lib.restore(model_dir)
     except model_dir_lib.ModelDirError as e:
         raise ExportError(str(e)) from None
     task = info["task_type"]
     export_type = export_type or ("encoder" if task == "pretraining" else task)
     if export_type != "encoder" and export_type != task:
-        raise ExportError(f"{model_dir}: a {task} model cannot be exported as {export_type}; use encoder or {task}")
+        raise ExportError(f"{model_dir}: a {task} model cannot be exported as {export_type}; use encoder, "
+                          f"{PREPROCESSOR} or {task}")
     if "max_query_length" in info:
         kwargs.setdefault("max_query_length", info["max_query_length"])
     return export_serving_model(
@@ -243,8 +294,9 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
 
 def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], vocab_file: Optional[str],
                       do_lower_case: bool, export_dir: str, max_seq_length: int, overwrite: bool = False,
-                      quantize: Optional[str] = None) -> str:
-    """Exports the encoder of a pretrained checkpoint: original TF1, Hugging Face folder/safetensors, or ours.
+                      quantize: Optional[str] = None, export_type: str = "encoder") -> str:
+    """Exports the encoder of a pretrained checkpoint: original TF1, Hugging Face folder/safetensors, or ours;
+    export_type "preprocessor": its TF-Hub preprocessor instead (vocab and casing; the weights are not read).
 
     bert_config_file (an original bert_config.json or a Hugging Face config.json) and vocab_file
     default to the files beside the checkpoint (`finetuning.resolve_pretrained`).
@@ -254,13 +306,21 @@ def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], voc
     from bert_tf.finetuning import FinetuneError, resolve_pretrained
     from bert_tf.tokenization import VocabError
 
+    if export_type not in ("encoder", PREPROCESSOR):
+        raise ExportError(f"a checkpoint exports an encoder or a {PREPROCESSOR}, not {export_type}; "
+                          "use a model_dir for task models")
     quantize = check_quantize(quantize)
+    if quantize and export_type == PREPROCESSOR:
+        raise ExportError("a preprocessor has no weights to quantize")
     for path, what in ((bert_config_file, "bert_config_file"), (vocab_file, "vocab_file")):
         if path and not tf.io.gfile.exists(path):
             raise ExportError(f"{path}: {what} not found")
     _check_export_dir(export_dir, overwrite)
     try:
         pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        if export_type == PREPROCESSOR:
+            return export_preprocessor(export_dir, pretrained.vocab_file, do_lower_case, max_seq_length,
+                                       overwrite=overwrite)
         encoder = pretrained.build_encoder()
         load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
     except (CheckpointError, ConfigError, FinetuneError, VocabError) as e:
