@@ -1,11 +1,19 @@
-"""Learn a WordPiece vocab.txt from a corpus (for a new language or domain).
+"""Learn a WordPiece vocab.txt from a corpus (for a new language or domain), or extend one.
 
     python create_vocab.py --input_file=corpus/*.txt --vocab_file=vocab.txt --vocab_size=30522 \\
         --do_lower_case=True
 
+    # a domain vocab for an existing checkpoint: its [unusedN] slots take the corpus's most useful words
+    python create_vocab.py --input_file=kjv.txt --extend_vocab=<checkpoint>/vocab.txt \\
+        --vocab_file=kjv_vocab.txt --do_lower_case=True
+
 Reads the same layouts as create_pretraining_data.py (one sentence per line,
 or WikiExtractor <doc> files). Deterministic: the same corpus and flags give
-the same file. Logs the [UNK] rate and wordpieces per word on the corpus.
+the same file. Logs the [UNK] rate and wordpieces per word on the corpus
+(before and after, when extending). --extend_vocab keeps every existing id and
+changes only [unused] slots; it writes <vocab_file stem>.extension.json beside
+the new vocab, listing each new token and the old pieces it replaces (its
+embedding starts from their mean when the vocab is used with the checkpoint).
 """
 
 import logging
@@ -27,11 +35,17 @@ flags.DEFINE_integer("num_unused", vocab_builder.DEFAULT_NUM_UNUSED,
                      "Reserved [unusedN] tokens after [PAD] (99 gives the original's ids 100-103 for "
                      "[UNK]/[CLS]/[SEP]/[MASK]).")
 flags.DEFINE_integer("min_frequency", vocab_builder.DEFAULT_MIN_FREQUENCY,
-                     "Stop learning pieces when the best pair occurs fewer times than this.")
+                     "Stop learning pieces when the best pair occurs fewer times than this (with "
+                     "--extend_vocab: the fewest occurrences of a word added).")
 flags.DEFINE_string("line_prefix_regex", None,
                     "Regex removed from the start of each line before counting, e.g. '^\\S+ ' for "
                     "'Ge1:1 In the beginning' verse references.")
 flags.DEFINE_enum("input_format", "auto", ["auto", "lines", "wiki"], "As in create_pretraining_data.py.")
+flags.DEFINE_string("extend_vocab", None, "An existing vocab.txt to extend instead of learning one: its "
+                    "[unusedN] slots take the corpus's words that it splits into the most wordpieces, weighted "
+                    "by frequency (--vocab_size and --num_unused are then unused).")
+flags.DEFINE_integer("max_new_tokens", None, "With --extend_vocab: fill at most this many [unused] slots "
+                     "(default: all of them).")
 
 
 def _lines(files, input_format):
@@ -39,9 +53,17 @@ def _lines(files, input_format):
         yield from doc.lines
 
 
+def _log_stats(log, label, vocab, words):
+    stats = vocab_builder.word_stats(vocab, words)
+    log.info("On the corpus%s: [UNK] %.4f%% of wordpieces, %.3f wordpieces per word", label,
+             100 * stats["unk_rate"], stats["pieces_per_word"])
+
+
 def main(_):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("create_vocab")
+    from bert_tf.tokenization import VocabError, load_vocab
+
     try:
         files = text_input.expand_input_patterns(FLAGS.input_file)
         words = vocab_builder.count_words(_lines(files, FLAGS.input_format), FLAGS.do_lower_case,
@@ -49,14 +71,22 @@ def main(_):
         if not words:
             raise ValueError(f"input_file: no words in {', '.join(files)} (empty corpus)")
         log.info("%d distinct words, %d in all", len(words), sum(words.values()))
-        vocab = vocab_builder.learn_wordpiece_vocab(words, FLAGS.vocab_size, FLAGS.num_unused, FLAGS.min_frequency)
-    except (ValueError, OSError) as e:
+        if FLAGS.extend_vocab:
+            base = list(load_vocab(FLAGS.extend_vocab))
+            vocab, new_tokens = vocab_builder.extend_vocab(base, words, FLAGS.max_new_tokens, FLAGS.min_frequency)
+        else:
+            vocab = vocab_builder.learn_wordpiece_vocab(words, FLAGS.vocab_size, FLAGS.num_unused,
+                                                        FLAGS.min_frequency)
+    except (ValueError, OSError, VocabError) as e:
         sys.exit(f"create_vocab.py: error: {e}")
     vocab_builder.write_vocab(FLAGS.vocab_file, vocab)
     log.info("Wrote %d tokens to %s", len(vocab), FLAGS.vocab_file)
-    stats = vocab_builder.word_stats(vocab, words)
-    log.info("On the corpus: [UNK] %.4f%% of wordpieces, %.3f wordpieces per word",
-             100 * stats["unk_rate"], stats["pieces_per_word"])
+    if FLAGS.extend_vocab:
+        path = vocab_builder.write_extension(FLAGS.vocab_file, FLAGS.extend_vocab, new_tokens)
+        log.info("Filled %d [unused] slots (e.g. %s); listed with their old pieces in %s", len(new_tokens),
+                 ", ".join(t.token for t in new_tokens[:8]), path)
+        _log_stats(log, f" with {FLAGS.extend_vocab}", base, words)
+    _log_stats(log, f" with {FLAGS.vocab_file}" if FLAGS.extend_vocab else "", vocab, words)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,20 @@ The original's flags keep their meaning (batch sizes are global); additions pick
 the distribution strategy, optimizer, precision and more. A run resumes from
 the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
 
+Continued pretraining: --init_checkpoint (an original bert_model.ckpt, a Hugging
+Face folder or .safetensors, or a bert_tf model dir) with or without MLM/NSP heads;
+bert_config, vocab and casing come from its folder unless given; the heads it
+lacks start fresh (one log line names them) and so does the optimizer. A
+checkpoint already in --output_dir is resumed instead (the log says so).
+
   python run_pretraining.py --input_file=/tmp/tf_examples.tfrecord \
     --output_dir=/tmp/pretraining_output --do_train=True --do_eval=True \
     --bert_config_file=bert_config.json --train_batch_size=32 \
     --max_seq_length=128 --max_predictions_per_seq=20 --num_train_steps=20 \
     --num_warmup_steps=10 --learning_rate=2e-5
+
+  python run_pretraining.py --init_checkpoint=<HF folder> --input_file=domain.tfrecord \
+    --output_dir=/tmp/continued --do_train=True --do_eval=True --objective=mlm ...
 """
 
 import dataclasses
@@ -24,12 +33,14 @@ from bert_flags import FLAGS, fail
 
 # --- the original's flags
 flags.DEFINE_string("bert_config_file", None, "The config json file corresponding to the pre-trained BERT model "
-                    "(an original bert_config.json or a Hugging Face config.json).")
+                    "(an original bert_config.json or a Hugging Face config.json); default with "
+                    "--init_checkpoint: the one beside it.")
 flags.DEFINE_string("input_file", None, "Input TF example files (comma-separated globs).")
 flags.DEFINE_string("output_dir", None, "The output directory where the model checkpoints will be written.")
 bert_flags.define_overwrite_flag()
 flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
-                    "folder or .safetensors, or a bert_tf checkpoint.")
+                    "folder or .safetensors, or a bert_tf model dir or checkpoint. Heads it lacks and the "
+                    "optimizer start fresh; a checkpoint in --output_dir is resumed instead.")
 flags.DEFINE_integer("max_seq_length", 128, "The maximum total input sequence length after WordPiece "
                      "tokenization. Must match the data.")
 flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum number of masked LM predictions per sequence. "
@@ -52,8 +63,10 @@ flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm", "ltr"], "Pretrainin
                   "sentence, masked LM only (No NSP), or left-to-right LM with a causal mask (recorded in "
                   "bert_tf_info.json; fine-tuning an ltr model keeps the causal mask).")
 flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copied into --output_dir so "
-                    "fine-tuning finds it.")
-flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json.")
+                    "fine-tuning finds it (default with --init_checkpoint: the one beside it). A vocab made by "
+                    "create_vocab.py --extend_vocab from the checkpoint's: new tokens start from their old pieces.")
+flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json "
+                  "(default with --init_checkpoint: the casing it records).")
 flags.DEFINE_bool("pack_sequences", False, "Pack several instances into each row of max_seq_length (attention "
                   "within each, positions restarting): static shapes without most of the padding, for XLA on "
                   "TPU/GPU. Batch sizes then count packed rows.")
@@ -67,9 +80,16 @@ def main(_):
     from bert_tf.configs import BertConfig, ConfigError
     from bert_tf.data.pipelines import InputDataError, expand_input_files
     from bert_tf.training.loop import TrainingError, TrainingPreempted
-    from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
+    from bert_tf.training.pretraining import (
+        PretrainingConfig,
+        PretrainingError,
+        resolve_init_checkpoint,
+        run_pretraining,
+    )
 
-    for name in ("bert_config_file", "input_file", "output_dir"):
+    required = ("input_file", "output_dir") if FLAGS.init_checkpoint else ("bert_config_file", "input_file",
+                                                                          "output_dir")
+    for name in required:
         if not getattr(FLAGS, name):
             fail(f"--{name} is required")
     bert_flags.overwrite_output_dir_if_asked(
@@ -82,19 +102,24 @@ def main(_):
         if not FLAGS.use_next_sentence_prediction and objective == "mlm_nsp":
             objective = "mlm"
     try:
-        bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
+        init_checkpoint, vocab_file, do_lower_case = FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case
+        if init_checkpoint:
+            bert_config, vocab_file, do_lower_case, init_checkpoint = resolve_init_checkpoint(
+                init_checkpoint, FLAGS.bert_config_file, vocab_file, do_lower_case)
+        else:
+            bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
         input_files = expand_input_files(FLAGS.input_file)
         eval_files = expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None
         config = PretrainingConfig(
             bert_config=bert_config, input_files=input_files, output_dir=FLAGS.output_dir,
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, eval_input_files=eval_files,
-            init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
+            init_checkpoint=init_checkpoint, train_batch_size=FLAGS.train_batch_size,
             eval_batch_size=FLAGS.eval_batch_size, num_train_steps=FLAGS.num_train_steps,
             num_warmup_steps=FLAGS.num_warmup_steps, max_eval_steps=FLAGS.max_eval_steps,
             train=bert_flags.train_settings(),  # XLA is decided below, once the strategy exists
-            use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=FLAGS.vocab_file,
-            do_lower_case=FLAGS.do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
+            use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=vocab_file,
+            do_lower_case=do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
             pack_sequences=FLAGS.pack_sequences,
             **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row else {}),
         )

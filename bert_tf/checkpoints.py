@@ -693,3 +693,64 @@ def _vocab_beside(path: str) -> Optional[str]:
 
     candidate = vocab_path(folder)
     return candidate if os.path.exists(candidate) else None
+
+
+# ------------------------------------------------------------------ continuing pretraining
+# The pretraining heads: attribute of the pretrainer -> (what it is, its original TF1 name prefix).
+PRETRAINING_HEADS = {"masked_lm": ("masked LM", "cls/predictions/"),
+                     "next_sentence": ("next sentence", "cls/seq_relationship/")}
+
+
+def fresh_pretraining_heads(model, path: str, fmt: str, report: Optional[LoadReport]) -> list:
+    """The pretraining heads of `model` (PRETRAINING_HEADS keys) that the checkpoint at `path`, just
+    loaded with `load_pretrained` (which returned `report`), did not hold: they keep their fresh values."""
+    heads = [a for a in PRETRAINING_HEADS if getattr(model, a, None) is not None]
+    if report is not None:
+        return [a for a in heads if any(n.startswith(PRETRAINING_HEADS[a][1]) for n in report.missing)]
+    keys = _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map()
+    return [a for a in heads if not any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/{a}/") for k in keys)]
+
+
+def init_new_token_embeddings(model, vocab_file: str, init_checkpoint: str) -> list:
+    """Starts the rows of an extended vocab's new tokens from the checkpoint's own rows.
+
+    `vocab_file` extended by bert_tf.tokenization.vocab_builder.extend_vocab lists its new tokens
+    and the old pieces each replaces (its extension JSON). For each new token the checkpoint was not
+    trained with, the word-embedding row (and the masked-LM output bias, when the model has that
+    head) becomes the mean of the rows of its old pieces. Whether the checkpoint knows a token is
+    read from the vocab.txt beside it: the new token at its id (trained with it: left alone), the
+    replaced [unused] token (initialised), anything else a CheckpointError; with no vocab.txt
+    beside it the checkpoint is taken to hold the base vocab. Returns the ids initialised.
+    """
+    from bert_tf.tokenization import load_vocab, vocab_builder
+
+    try:
+        new_tokens = vocab_builder.read_extension(vocab_file)
+    except vocab_builder.VocabExtensionError as e:
+        raise CheckpointError(str(e)) from None
+    if not new_tokens:
+        return []
+    beside = _vocab_beside(init_checkpoint)
+    known = {i: t for t, i in load_vocab(beside).items()} if beside else None
+    todo = []
+    for t in new_tokens:
+        have = known.get(t.id) if known is not None else t.replaced
+        if have == t.token:
+            continue
+        if have != t.replaced:
+            raise CheckpointError(
+                f"{vocab_file}: id {t.id} is {t.token!r} in place of {t.replaced!r}, but {beside} has {have!r} "
+                "there; the vocab was extended from another vocab than the checkpoint's")
+        todo.append(t)
+    if not todo:
+        return []
+    targets = [_encoder_of(model).embeddings.word_embeddings.embeddings]
+    masked_lm = getattr(model, "masked_lm", None)
+    if masked_lm is not None:
+        targets.append(masked_lm.output_bias)
+    for variable in targets:
+        values = np.array(variable.numpy())
+        for t in todo:
+            values[t.id] = values[list(t.old_piece_ids)].mean(axis=0)
+        variable.assign(values)
+    return [t.id for t in todo]

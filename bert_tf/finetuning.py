@@ -75,6 +75,10 @@ class Pretrained:
                         ", ".join(report.missing[:6]) + (" ..." if len(report.missing) > 6 else ""))
         else:
             logger.info("loaded %s (%s)", self.init_checkpoint, self.fmt)
+        new_ids = checkpoints.init_new_token_embeddings(model, self.vocab_file, self.init_checkpoint)
+        if new_ids:
+            logger.info("%d new tokens of %s start from the mean embedding of their old wordpieces", len(new_ids),
+                        self.vocab_file)
 
     def tokenizer(self, do_lower_case: bool) -> FastTokenizer:
         """The fast tokenizer: FullTokenizer's exact output and interface, several times faster."""

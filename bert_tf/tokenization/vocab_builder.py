@@ -18,12 +18,22 @@ and its ## form (so a word is only [UNK] when it holds a character dropped
 for space, or is longer than the WordPiece limit), then the learned pieces in
 the order they were learned. Ties are broken by the pieces' text, so the
 result is deterministic.
+
+Extending an existing vocab for a domain (`extend_vocab`): its [unusedN] slots
+take the corpus's words that the vocab splits into the most pieces, weighted by
+frequency; every other id stays, so checkpoints of the old vocab stay valid. A
+JSON beside the new vocab (`extension_path`) lists each new token with the old
+pieces it replaces, from which a checkpoint's embedding rows for the new tokens
+start (bert_tf.checkpoints.init_new_token_embeddings).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
+import json
+import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -154,8 +164,6 @@ def write_vocab(path: str, vocab: List[str]) -> None:
 
         write_text_atomic(path, text)
         return
-    import os
-
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -175,3 +183,112 @@ def word_stats(vocab: List[str], word_counts: Dict[str, int], unk_token: str = "
         unk += n * split.count(unk_token)
     return {"words": words, "pieces": pieces, "unk": unk,
             "unk_rate": unk / max(pieces, 1), "pieces_per_word": pieces / max(words, 1)}
+
+
+# ------------------------------------------------------------------ extending an existing vocab
+# A vocab's reserved slots (the original vocabs: [unused0] .. [unused993]); only these change.
+UNUSED_TOKEN = re.compile(r"^\[unused\d+\]$")
+EXTENSION_FORMAT = "bert_tf.vocab_extension.v1"
+
+
+class VocabExtensionError(ValueError):
+    """A vocab extension that cannot be made or does not match its vocab; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NewToken:
+    """One [unused] slot filled: the token now at `id`, what was there, and how the old vocab split it."""
+
+    id: int
+    token: str
+    replaced: str
+    old_pieces: Tuple[str, ...]
+    old_piece_ids: Tuple[int, ...]
+    count: int  # occurrences of the word in the corpus
+
+
+def extension_path(vocab_file: str) -> str:
+    """The JSON beside an extended vocab that lists its new tokens: kjv_vocab.txt -> kjv_vocab.extension.json.
+
+    The model dir's side files never copy it, so a vocab copied next to a checkpoint trained with it
+    is not taken for an extension of that checkpoint's vocab."""
+    return os.path.splitext(vocab_file)[0] + ".extension.json"
+
+
+def extend_vocab(base: List[str], word_counts: Dict[str, int], max_new_tokens: Optional[int] = None,
+                 min_frequency: int = DEFAULT_MIN_FREQUENCY) -> Tuple[List[str], List[NewToken]]:
+    """`base` (id = index) with its [unused] slots, in id order, filled by the corpus's most useful words.
+
+    "Most useful": a whole word (BasicTokenizer's) that `base` does not hold, splits into k >= 2
+    wordpieces without [UNK], occurring c >= min_frequency times, ranked by c * (k - 1): the
+    wordpieces the corpus saves when the word becomes one token (ties by text). Only whole words
+    (not ## continuations) are added, so every existing id and every other token is unchanged.
+    Returns (the extended vocab, the new tokens).
+    """
+    from bert_tf.tokenization.full import WordpieceTokenizer
+
+    slots = [i for i, t in enumerate(base) if UNUSED_TOKEN.match(t)]
+    if not slots:
+        raise VocabExtensionError("the vocab has no [unusedN] slots to fill")
+    limit = len(slots) if max_new_tokens is None else min(max_new_tokens, len(slots))
+    ids = {t: i for i, t in enumerate(base)}
+    wordpiece = WordpieceTokenizer(vocab=ids)
+    unk = "[UNK]"
+    scored = []
+    for word, count in word_counts.items():
+        if count < min_frequency or word in ids or len(word) > MAX_CHARS_PER_WORD:
+            continue
+        pieces = wordpiece.tokenize_word(word)
+        if len(pieces) >= 2 and unk not in pieces:
+            scored.append((-count * (len(pieces) - 1), word, tuple(pieces), count))
+    scored.sort()
+    vocab = list(base)
+    new = []
+    for slot, (_, word, pieces, count) in zip(slots, scored[:limit], strict=False):
+        vocab[slot] = word
+        new.append(NewToken(slot, word, base[slot], pieces, tuple(ids[p] for p in pieces), count))
+    return vocab, new
+
+
+def write_extension(vocab_file: str, base_vocab_file: str, new_tokens: List[NewToken]) -> str:
+    """Writes extension_path(vocab_file): the base vocab's name and every new token with its old pieces."""
+    payload = {
+        "format": EXTENSION_FORMAT,
+        "base_vocab": os.path.abspath(base_vocab_file) if "://" not in base_vocab_file else base_vocab_file,
+        "rule": "whole words ranked by count * (old wordpieces - 1)",
+        "new_tokens": [{"id": t.id, "token": t.token, "replaced": t.replaced, "old_pieces": list(t.old_pieces),
+                        "old_piece_ids": list(t.old_piece_ids), "count": t.count} for t in new_tokens],
+    }
+    from bert_tf.configs import write_text_atomic
+
+    path = extension_path(vocab_file)
+    write_text_atomic(path, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_extension(vocab_file: str) -> List[NewToken]:
+    """The new tokens of an extended vocab (from its extension JSON), or [] when it has none.
+
+    Raises VocabExtensionError when the JSON does not describe `vocab_file` (a token not at its id).
+    """
+    from bert_tf import fileio
+    from bert_tf.tokenization import load_vocab
+
+    path = extension_path(vocab_file)
+    if not fileio.exists(path):
+        return []
+    with fileio.open_file(path, "rb") as f:
+        try:
+            payload = json.loads(f.read().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise VocabExtensionError(f"{path}: not a vocab extension JSON ({e})") from None
+    if not isinstance(payload, dict) or payload.get("format") != EXTENSION_FORMAT:
+        raise VocabExtensionError(f"{path}: not a vocab extension JSON (format is not {EXTENSION_FORMAT})")
+    tokens = [NewToken(int(t["id"]), t["token"], t["replaced"], tuple(t["old_pieces"]),
+                       tuple(int(i) for i in t["old_piece_ids"]), int(t["count"])) for t in payload["new_tokens"]]
+    vocab = load_vocab(vocab_file)
+    for t in tokens:
+        if vocab.get(t.token) != t.id:
+            raise VocabExtensionError(f"{path}: lists {t.token!r} at id {t.id} but {vocab_file} does not have it "
+                                      "there; the JSON belongs to another vocab")
+    return tokens

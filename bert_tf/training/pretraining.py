@@ -17,6 +17,17 @@ runs with the same output_dir: the second with the seq-512 data, its
 --max_seq_length/--max_predictions_per_seq and the total --num_train_steps;
 it resumes from the phase-1 checkpoint (weights, optimizer, step) because
 the model's variables do not depend on the sequence length.
+
+Continued pretraining (`init_checkpoint`: an original checkpoint, a Hugging Face
+folder or .safetensors, or a bert_tf model dir): `resolve_init_checkpoint` takes
+the config, vocab and casing from the checkpoint's folder (as fine-tuning does,
+bert_tf.finetuning.resolve_pretrained) unless given; the weights load when
+output_dir has no checkpoint yet (a checkpoint there is resumed instead, as the
+original), the heads the checkpoint lacks start fresh (one log line names them),
+and the optimizer state and step start fresh. The data's vocab must be the
+checkpoint's size, or an extension of it in its [unused] slots
+(bert_tf.tokenization.vocab_builder.extend_vocab), whose new tokens' embeddings
+start from the mean of their old pieces' (checkpoints.init_new_token_embeddings).
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ OBJECTIVES = {
     "ltr": ("left-to-right LM, causal attention (LTR & No NSP)", False, True),
 }
 DEFAULT_OBJECTIVE = "mlm_nsp"
+# Records of each input file read for its largest token id (the records do not name their vocab).
+VOCAB_SCAN_RECORDS = 1000
 # Defaults of the original run_pretraining.py flags.
 DEFAULT_MAX_EVAL_STEPS = 100
 
@@ -110,6 +123,11 @@ class PretrainingConfig:
                 vocab_size = len(load_vocab(self.vocab_file))
             except VocabError as e:
                 raise PretrainingError(str(e)) from None
+            if self.init_checkpoint and vocab_size != self.bert_config.vocab_size:
+                raise PretrainingError(
+                    f"{self.vocab_file}: {vocab_size} tokens but {self.init_checkpoint} has vocab_size "
+                    f"{self.bert_config.vocab_size}; make the data with the checkpoint's vocab (or an extension "
+                    "of it: create_vocab.py --extend_vocab)")
             if vocab_size > self.bert_config.vocab_size:
                 raise PretrainingError(
                     f"{self.vocab_file}: {vocab_size} tokens but the model's vocab_size is "
@@ -200,7 +218,30 @@ def _write_side_files(config: PretrainingConfig) -> None:
     )
 
 
-def _init_fn(init_checkpoint: Optional[str]):
+def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str] = None,
+                            vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None):
+    """(BertConfig, vocab file, do_lower_case, checkpoint path) for continuing from `init_checkpoint`.
+
+    What is not given comes from the checkpoint's folder as for fine-tuning (bert_config.json or
+    config.json, vocab.txt, the recorded casing); a --do_lower_case that contradicts the recorded
+    casing is an error. Raises PretrainingError (one line).
+    """
+    from bert_tf.configs import ConfigError
+    from bert_tf.finetuning import FinetuneError, check_lower_case, resolve_pretrained
+    from bert_tf.tokenization import VocabError
+
+    try:
+        pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        if do_lower_case is not None:
+            check_lower_case(pretrained, do_lower_case)
+    except (FinetuneError, ConfigError, VocabError) as e:
+        raise PretrainingError(str(e).strip().splitlines()[0]) from None
+    casing = do_lower_case if do_lower_case is not None else pretrained.do_lower_case
+    return pretrained.config, pretrained.vocab_file, casing, pretrained.init_checkpoint
+
+
+def _init_fn(config: PretrainingConfig):
+    init_checkpoint = config.init_checkpoint
     if not init_checkpoint:
         return None
 
@@ -208,13 +249,23 @@ def _init_fn(init_checkpoint: Optional[str]):
         from bert_tf import checkpoints
 
         try:
-            report = checkpoints.load_pretrained(model, init_checkpoint)
+            fmt = checkpoints.detect_format(init_checkpoint)
+            report = checkpoints.load_pretrained(model, init_checkpoint, fmt)
+            fresh = checkpoints.fresh_pretraining_heads(model, init_checkpoint, fmt, report)
+            new_ids = (checkpoints.init_new_token_embeddings(model, config.vocab_file, init_checkpoint)
+                       if config.vocab_file else [])
         except (ValueError, tf.errors.OpError) as e:
             message = str(e).strip().splitlines()[0]
             if not message.startswith(init_checkpoint):
                 message = f"{init_checkpoint}: {message}"
             raise PretrainingError(message) from None
-        logger.info("initialised from %s%s", init_checkpoint, f" ({report})" if report is not None else "")
+        names = [f"{checkpoints.PRETRAINING_HEADS[h][0]} ({checkpoints.PRETRAINING_HEADS[h][1]}*)" for h in fresh]
+        logger.info("initialised from %s (%s); optimizer state and step start fresh; %s", init_checkpoint, fmt,
+                    f"heads not in the checkpoint start fresh: {', '.join(names)}" if names
+                    else "every head restored")
+        if new_ids:
+            logger.info("%d new tokens of %s start from the mean embedding of their old wordpieces", len(new_ids),
+                        config.vocab_file)
 
     return init
 
@@ -240,7 +291,7 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
     return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
                         settings.optimizer_fn(config.num_train_steps, config.num_warmup_steps),
-                        init_fn=_init_fn(config.init_checkpoint), model_dir=config.output_dir,
+                        init_fn=_init_fn(config), model_dir=config.output_dir,
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
 
@@ -271,6 +322,31 @@ def _naming_corrupt_files(files):
         raise pipelines.InputDataError(f"{where}; pass --skip_corrupt_records to read past it") from None
 
 
+def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS) -> int:
+    """The largest input or masked-LM token id in the first `limit` records of a pretraining file."""
+    from bert_tf.data import schema
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        compression = "GZIP" if f.read(2) == schema.GZIP_MAGIC else ""
+    largest = 0
+    for record in tf.data.TFRecordDataset(path, compression_type=compression).take(limit):
+        feature = tf.train.Example.FromString(record.numpy()).features.feature
+        for name in ("input_ids", "masked_lm_ids"):
+            largest = max(largest, max(feature[name].int64_list.value, default=0))
+    return largest
+
+
+def _check_token_ids(config: PretrainingConfig, files) -> None:
+    """Data made with a bigger vocab than the checkpoint's: one line now, not a failed gather later."""
+    size = config.bert_config.vocab_size
+    for path in files:
+        largest = max_token_id(path)
+        if largest >= size:
+            raise PretrainingError(
+                f"{path}: token id {largest} but {config.init_checkpoint} has vocab_size {size}; the data was "
+                "made with another vocab than the checkpoint's")
+
+
 def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> Optional[Dict[str, float]]:
     """Trains and/or evaluates as `config` says. Returns the eval results (None without do_eval).
 
@@ -298,6 +374,11 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     for path in all_files:
         if path not in unreadable:
             pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
+    if config.init_checkpoint:
+        _check_token_ids(config, [p for p in all_files if p not in unreadable])
+        if model_dir.has_checkpoint(config.output_dir):
+            logger.info("%s holds a checkpoint: resuming from it; init_checkpoint %s is not used",
+                        config.output_dir, config.init_checkpoint)
     trainer = build_trainer(config, strategy)
     if trainer.is_chief:
         _write_side_files(config)
