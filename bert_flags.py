@@ -223,7 +223,13 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
-                      "example. Default: on, except on TPU (fixed shapes).")
+                      "example. Default: on, except on TPU, under XLA and with --pack_sequences (fixed shapes).")
+    flags.DEFINE_bool("pack_sequences", False, "Pack several examples into each row of max_seq_length (attention "
+                      "within each, positions restarting; predictions come back one per example in input order): "
+                      "fixed shapes without most of the padding, for XLA on TPU/GPU. Batch sizes then count rows. "
+                      "Not for SQuAD.")
+    flags.DEFINE_integer("max_sequences_per_row", None, "With --pack_sequences: the most examples in one row "
+                         "(default: bert_tf.data.packing.FINETUNE_MAX_SEQUENCES_PER_ROW).")
     flags.DEFINE_string("export_dir", None, "At the end, export the model of --output_dir (its latest checkpoint) "
                         "as a SavedModel that serves raw text, to this new or empty folder (TF Serving: "
                         "<models>/<name>/<version>). For <output_dir>/best use export_savedmodel.py.")
@@ -248,9 +254,14 @@ def finetune_settings():
         check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
-    dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else strategy_name() != "tpu"
-    return RunSettings(pretrained=pretrained, strategy=strategy, train=train_settings(strategy),
-                       dynamic_padding=dynamic, aux_lm_weight=FLAGS.aux_lm_weight)
+    if FLAGS.pack_sequences and FLAGS.dynamic_padding:
+        fail("--dynamic_padding and --pack_sequences cannot be combined: packed rows have one fixed length")
+    train = train_settings(strategy)
+    dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
+        strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences)
+    packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row else {}
+    return RunSettings(pretrained=pretrained, strategy=strategy, train=train, dynamic_padding=dynamic,
+                       aux_lm_weight=FLAGS.aux_lm_weight, pack_sequences=FLAGS.pack_sequences, **packing)
 
 
 def _check_export_dir():

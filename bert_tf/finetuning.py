@@ -218,54 +218,78 @@ def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed:
     return dataset_fn
 
 
-def predict(model, arrays: Mapping[str, np.ndarray], batch_size: int, *, sequence_outputs: bool = False,
-            input_keys: Sequence[str] = ("input_ids", "input_mask", "segment_ids"), dynamic_padding: bool = True):
-    """Runs `model` over all examples in order; returns its outputs as numpy, concatenated over N.
+class Predictor:
+    """Runs a model over all examples in order, batch by batch, with one traced forward function
+    for the whole run (periodic evaluations do not trace again); outputs as numpy, concatenated over N.
 
-    Examples are sorted by length first (then put back in order), so with dynamic
-    padding each batch is about as long as its own examples. `sequence_outputs`:
-    the outputs are per token ([B, S, ...], e.g. span logits, tags); they are
-    padded back to the full S with -10000 (never picked by an argmax).
+    dynamic_padding: examples are sorted by length (then put back in order) and each batch is cut
+    to its longest example, so a batch is about as long as its own examples. Otherwise every batch
+    has the same shape, the last one filled up with all-zero examples whose outputs are dropped:
+    under XLA (`jit_compile`) one program serves every batch of a size (`traces` counts them).
+    sequence_outputs: the outputs are per token ([B, S, ...], e.g. span logits, tags); cut batches
+    are padded back to the full S with -10000 (never picked by an argmax).
     """
-    inputs = {k: np.asarray(arrays[k]) for k in input_keys}
-    n = len(inputs["input_ids"])
-    full = inputs["input_ids"].shape[-1]
-    lengths = inputs["input_mask"].reshape(n, -1).sum(axis=-1)
-    order = np.argsort(-lengths, kind="stable") if dynamic_padding else np.arange(n)
 
-    @tf.function(reduce_retracing=True)
-    def forward(batch):
-        return model(batch, training=False)
+    def __init__(self, model, *, sequence_outputs: bool = False, dynamic_padding: bool = True,
+                 jit_compile: bool = False):
+        self.sequence_outputs = sequence_outputs
+        self.dynamic_padding = dynamic_padding
 
-    def to_full(t):
-        t = t.numpy()
-        if sequence_outputs and t.shape[1] < full:
-            t = np.pad(t, [(0, 0), (0, full - t.shape[1])] + [(0, 0)] * (t.ndim - 2), constant_values=-1e4)
-        return t
+        def forward(batch):
+            return model(batch, training=False)
 
-    chunks = []
-    for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
-        batch = {k: tf.constant(v[idx]) for k, v in inputs.items()}
-        if dynamic_padding:
-            batch = trim_padding(batch)
-        chunks.append(tf.nest.map_structure(to_full, forward(batch)))
-    if not chunks:
-        raise FinetuneError("nothing to predict: no examples")
-    joined = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(n)
-    return tf.nest.map_structure(lambda a: a[inverse], joined)
+        self._forward = tf.function(forward, jit_compile=jit_compile, reduce_retracing=not jit_compile,
+                                    autograph=False)
+
+    @property
+    def traces(self) -> int:
+        """How many times the forward function was traced: compiled programs under XLA."""
+        return self._forward.experimental_get_tracing_count()
+
+    def __call__(self, arrays: Mapping[str, np.ndarray], batch_size: int,
+                 input_keys: Sequence[str] = ("input_ids", "input_mask", "segment_ids")):
+        inputs = {k: np.asarray(arrays[k]) for k in input_keys}
+        n = len(inputs["input_ids"])
+        if not n:
+            raise FinetuneError("nothing to predict: no examples")
+        full = inputs["input_ids"].shape[-1]
+        if self.dynamic_padding:
+            order = np.argsort(-inputs["input_mask"].reshape(n, -1).sum(axis=-1), kind="stable")
+        else:
+            order = np.arange(n)
+
+        def to_full(t):
+            t = t.numpy()
+            if self.sequence_outputs and t.shape[1] < full:
+                t = np.pad(t, [(0, 0), (0, full - t.shape[1])] + [(0, 0)] * (t.ndim - 2), constant_values=-1e4)
+            return t
+
+        chunks = []
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            batch = {k: v[idx] for k, v in inputs.items()}
+            if not self.dynamic_padding and len(idx) < batch_size:  # the same shape as every other batch
+                batch = {k: np.concatenate([v, np.zeros((batch_size - len(idx),) + v.shape[1:], v.dtype)])
+                         for k, v in batch.items()}
+            batch = {k: tf.constant(v) for k, v in batch.items()}
+            if self.dynamic_padding:
+                batch = trim_padding(batch)
+            outputs = tf.nest.map_structure(to_full, self._forward(batch))
+            chunks.append(tf.nest.map_structure(lambda a, m=len(idx): a[:m], outputs))
+        joined = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(n)
+        return tf.nest.map_structure(lambda a: a[inverse], joined)
 
 
 __all__ = [
     "ConfigError",
     "FinetuneError",
     "Pretrained",
+    "Predictor",
     "VocabError",
     "arrays_dataset_fn",
     "check_lower_case",
-    "predict",
     "resolve_pretrained",
     "trim_padding",
 ]

@@ -60,6 +60,25 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model_files, t
     assert "eval_accuracy" in (best / "best_eval_results.txt").read_text()
 
 
+def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model_files, tmp_path):
+    """--pack_sequences --jit_compile: several examples per row, one compiled training step and one compiled
+    prediction for the whole run (the last partial batches filled up); predictions one per example, in order."""
+    out = tmp_path / "out"
+    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train", "--do_eval", "--do_predict",
+                                            "--pack_sequences", "--jit_compile", "--train_batch_size=4",
+                                            "--num_train_epochs=8", "--learning_rate=1e-3",
+                                            "--iterations_per_loop=6", "--eval_every_steps=12"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "XLA programs traced: training step 1, prediction 1" in result.stderr, result.stderr[-2000:]
+    packed = [line for line in result.stderr.splitlines() if "train: packed 48 examples into" in line]
+    rows = int(packed[0].split(" into ")[1].split()[0])
+    assert rows < 48 / 2, packed  # several examples per row
+    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert int(results["global_step"]) == int(rows / 4 * 8)  # an epoch is a pass over the rows
+    assert float(results["eval_accuracy"]) >= 0.9, results  # predictions back in example order
+    assert np.loadtxt(out / "test_results.tsv", delimiter="\t").shape == (6, 2)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -68,6 +87,7 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model_files, t
         (["--labels=yes"], "unknown label 'no'"),
         (["--vocab_file=/nonexistent/vocab.txt"], "vocab file not found"),
         (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
+        (["--pack_sequences", "--dynamic_padding"], "--dynamic_padding and --pack_sequences cannot be combined"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model_files, tmp_path, extra, message):

@@ -161,6 +161,20 @@ def test_train_eval_predict_learns_and_writes_files(trained, data_dir, tiny_mode
     assert info["max_seq_length"] == MAX_SEQ_LENGTH and info["do_lower_case"] is True
 
 
+def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, data_dir, tmp_path):
+    """--pack_sequences --jit_compile: sentences share rows, tags move with their tokens and come back per
+    sentence; one compiled training step and one prediction."""
+    out = tmp_path / "out"
+    result = run_ner(*model_args(tiny_model, data_dir, out), "--train_batch_size=4", "--num_train_epochs=8",
+                     "--learning_rate=1e-3", "--iterations_per_loop=12", "--pack_sequences", "--jit_compile",
+                     "--do_train", "--do_eval")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "XLA programs traced: training step 1, prediction 1" in result.stderr, result.stderr[-2000:]
+    results = read_results(out / "eval_results.txt")
+    assert float(results["eval_f1"]) >= 0.9, results
+    assert [w[:-1] for w in word_lines(out / "eval_predictions.txt")] == word_lines(data_dir / "valid.txt")
+
+
 def test_eval_only_reloads_the_trained_model_and_its_labels(trained, settings, data_dir):
     """Evaluating the output_dir again (labels from its bert_tf_info.json) gives the same scores."""
     from bert_tf.runners.ner import NerRunConfig, run

@@ -96,8 +96,9 @@ def runs(files):
         "v2": squad_command(*common, f"--output_dir={files / 'out_v2'}", "--version_2_with_negative",
                             f"--train_file={files / 'train.json'}", "--do_predict",
                             f"--predict_file={files / 'dev.json'}", f"--n_best_size={N_BEST}"),
+        # v1.1 runs under XLA: fixed shapes, one program for training and one for prediction.
         "v1": squad_command(*common, f"--output_dir={files / 'out_v1'}", f"--train_file={files / 'train1.json'}",
-                            "--do_eval", f"--predict_file={files / 'dev1.json'}"),
+                            "--do_eval", f"--predict_file={files / 'dev1.json'}", "--jit_compile"),
     }
     procs = {k: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=squad_env(),
                                  cwd=REPO) for k, c in commands.items()}
@@ -173,7 +174,8 @@ def test_builtin_eval_equals_the_official_command(files, trained_v2):
 
 
 def test_v1_train_and_eval(runs):
-    out, _ = runs["v1"]
+    out, stderr = runs["v1"]
+    assert "XLA programs traced: training step 1, prediction 1" in stderr, stderr[-2000:]
     results, keys = read_eval_results(out / "eval_results.txt")
     assert keys == ["exact_match", "f1", "global_step"]
     assert results["exact_match"] >= 90, results
@@ -199,6 +201,8 @@ def test_v1_train_and_eval(runs):
         (["--do_predict", f"--predict_file={TESTDATA / 'squad_tiny_v2.json'}", "--version_2_with_negative",
           "--doc_stride=0"], "--doc_stride must be positive"),
         ([f"--predict_file={TESTDATA / 'squad_tiny_v2.json'}"], "at least one of --do_train"),
+        (["--do_predict", f"--predict_file={TESTDATA / 'squad_tiny_v2.json'}", "--version_2_with_negative",
+          *WINDOW_ARGS, "--pack_sequences"], "--pack_sequences does not apply here"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(files, tmp_path, args, message):

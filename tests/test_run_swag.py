@@ -119,6 +119,23 @@ def test_train_eval_predict_learns_and_writes_files(tiny_model, data_dir, tmp_pa
     assert "eval_accuracy" in (out / "best" / "best_eval_results.txt").read_text()
 
 
+def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, data_dir, tmp_path):
+    """--pack_sequences --jit_compile: the four choice rows of a group hold the same examples at the same
+    places; one compiled training step and prediction; the predictions come back one per example, in order."""
+    out = tmp_path / "out"
+    result = run_swag(f"--data_dir={data_dir}", f"--vocab_file={tiny_model / 'vocab.txt'}",
+                      f"--bert_config_file={tiny_model / 'bert_config.json'}", f"--output_dir={out}",
+                      "--max_seq_length=32", "--train_batch_size=2", "--eval_batch_size=4", "--predict_batch_size=4",
+                      "--num_train_epochs=8", "--learning_rate=1e-3", "--iterations_per_loop=8",
+                      "--pack_sequences", "--jit_compile", "--do_train", "--do_eval", "--do_predict")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "XLA programs traced: training step 1, prediction 1" in result.stderr, result.stderr[-2000:]
+    results = read_results(out / "eval_results.txt")
+    assert float(results["eval_accuracy"]) >= 0.9, results
+    with open(out / "test_results.csv", newline="") as f:
+        assert [r[0] for r in list(csv.reader(f))[1:]] == [str(i) for i in range(16)]
+
+
 def test_real_swag_layout_in_process(settings, tmp_path):
     """The real SWAG CSVs (train/val with labels, test without) through `run`: 2 steps, eval, predict."""
     from bert_tf.runners.swag import SwagRunConfig, run

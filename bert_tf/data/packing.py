@@ -260,3 +260,107 @@ def packed_pretraining_dataset(files, max_seq_length: int, max_predictions_per_s
         seed=seed, skip_corrupt_records=skip_corrupt_records, drop_remainder=is_training)
     return pack_dataset(buffers, batch_size, max_sequences_per_row, max_predictions_per_row,
                         shuffle_rows=buffer_size if is_training else 0, seed=seed, drop_remainder=is_training)
+
+
+# ------------------------------------------------------------------ fine-tuning examples
+# Fine-tuning rows are short (GLUE at seq 128: most of a row is padding), so more of them share a
+# row than pretraining instances do. A sequence costs one [CLS] query in the last block, one slot
+# of the head and one label slot; K is part of the batch shape, so it is one constant for every
+# split (one compiled program). 16 holds CoLA's median sentence (about 11 wordpieces) 11 to a row.
+FINETUNE_MAX_SEQUENCES_PER_ROW = 16
+
+
+class PackedExamples:
+    """Fine-tuning examples packed into rows, and where each example went (to put predictions back).
+
+    arrays   the model's inputs and the labels, packed (pack_examples)
+    row, slot, offset, length  int [N]: example i is slot[i] of row[i], its tokens at
+             offset[i] .. offset[i] + length[i] - 1 of the row (of each of its choice rows)
+    """
+
+    def __init__(self, arrays, row, slot, offset, length, grouped: bool):
+        self.arrays = arrays
+        self.row, self.slot, self.offset, self.length = row, slot, offset, length
+        self.grouped = grouped
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.arrays["input_ids"])
+
+    def efficiency(self) -> float:
+        """Real tokens / all token slots of the packed rows."""
+        return packing_efficiency(self.arrays["sequence_ids"])
+
+    def unpack(self, outputs, sequence_outputs: bool = False, fill: float = -1e4):
+        """The model's outputs on the packed rows -> one output per example, in input order.
+
+        Pooled outputs [R, K, ...] (a classifier's logits [R, K, L], multiple choice [R, K, C]) ->
+        [N, ...]. Per-token outputs [R, S, ...] (tagging) -> [N, S, ...], each example's tokens
+        moved back to the front and `fill` after them (never an argmax).
+        """
+        outputs = np.asarray(outputs)
+        if not sequence_outputs:
+            return outputs[self.row, self.slot]
+        seq = outputs.shape[1]
+        out = np.full((len(self.row),) + outputs.shape[1:], fill, outputs.dtype)
+        inst, t = np.nonzero(np.arange(seq)[None, :] < self.length[:, None])
+        out[inst, t] = outputs[self.row[inst], self.offset[inst] + t]
+        return out
+
+
+def pack_examples(arrays: Dict[str, np.ndarray], max_sequences_per_row: int = FINETUNE_MAX_SEQUENCES_PER_ROW,
+                  pad_values: Optional[Dict[str, int]] = None) -> PackedExamples:
+    """Featurized fine-tuning arrays -> PackedExamples (best_fit_decreasing on example lengths).
+
+    arrays: input_ids, input_mask, segment_ids int [N, S] (or [N, C, S] for multiple choice:
+    the C choices of an example are C rows encoded alike); per-token arrays of the same shape
+    (tagging's label_ids) and per-example arrays [N, ...] (label_ids, is_real_example).
+    Packed: input_ids, segment_ids, sequence_ids, position_ids and the per-token arrays
+    [R, (C,) S]; cls_positions int32 [R, K]; the per-example arrays [R, K, ...] and
+    is_real_example int32 [R, K] (0 in empty slots: weight 0 in every loss and metric).
+    An example of multiple choice takes the same slot and offset in all C rows of its group,
+    as long as its longest choice. Per-token arrays are filled with pad_values[name] (default 0)
+    where no token is.
+    """
+    ids = np.asarray(arrays["input_ids"])
+    grouped = ids.ndim == 3
+    mask = np.asarray(arrays["input_mask"]) != 0
+    num, seq = ids.shape[0], ids.shape[-1]
+    if not grouped:
+        ids, mask = ids[:, None, :], mask[:, None, :]
+    choices = ids.shape[1]
+    real = _prefix_counts(mask.reshape(-1, seq), "input_mask").reshape(num, choices)  # [N, C]
+    length = np.maximum(real.max(1), 1)  # [N]: an all-padding example still takes its [CLS]
+    row, slot = best_fit_decreasing(length, np.zeros(num, np.int64), seq, max_sequences_per_row)
+    offset = _offsets_in_row(row, slot, length)
+    rows = int(row.max()) + 1 if num else 0
+    inst, c, t = np.nonzero(np.arange(seq)[None, None, :] < real[:, :, None])  # every real token
+    at = (row[inst], c, offset[inst] + t)
+    pad_values = pad_values or {}
+    out = {}
+
+    def tokens(name, values, fill):
+        grid = np.full((rows, choices, seq), fill, values.dtype)
+        grid[at] = values.reshape(num, choices, seq)[inst, c, t]
+        out[name] = grid if grouped else grid[:, 0]
+
+    tokens("input_ids", ids, 0)
+    tokens("segment_ids", np.asarray(arrays["segment_ids"]), 0)
+    tokens("sequence_ids", np.broadcast_to((slot + 1).astype(np.int32)[:, None, None], ids.shape), 0)
+    tokens("position_ids", np.broadcast_to(np.arange(seq, dtype=np.int32), ids.shape), 0)
+    out["cls_positions"] = np.zeros((rows, max_sequences_per_row), np.int32)
+    out["cls_positions"][row, slot] = offset
+    real_example = np.asarray(arrays.get("is_real_example", np.ones(num, np.int32)), np.int32)
+    out["is_real_example"] = np.zeros((rows, max_sequences_per_row), np.int32)
+    out["is_real_example"][row, slot] = real_example
+    for name, values in arrays.items():
+        values = np.asarray(values)
+        if name in out or name == "input_mask":
+            continue
+        if values.shape == np.asarray(arrays["input_ids"]).shape:  # per token
+            tokens(name, values, pad_values.get(name, 0))
+        else:  # per example
+            grid = np.zeros((rows, max_sequences_per_row) + values.shape[1:], values.dtype)
+            grid[row, slot] = values
+            out[name] = grid
+    return PackedExamples(out, row.astype(np.int64), slot.astype(np.int64), offset, length, grouped)

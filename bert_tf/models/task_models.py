@@ -1,8 +1,15 @@
 """Fine-tuning models: an already built `BertEncoder` plus one head (docs/reference.md §3).
 
-Dimensions: B batch, S sequence, C choices, L labels. Inputs are the encoder's
-dict (`input_ids`, `input_mask`, `segment_ids`, int32 [B, S]; [B, C, S] for
-multiple choice). Logits are float32.
+Dimensions: B batch, S sequence, C choices, L labels, K sequences per packed row.
+Inputs are the encoder's dict (`input_ids`, `input_mask`, `segment_ids`, int32
+[B, S]; [B, C, S] for multiple choice). Logits are float32.
+
+Packed rows (several examples per row, bert_tf.data.packing.pack_examples) are
+the encoder's packed inputs (`sequence_ids`, `position_ids` instead of
+`input_mask`) plus `cls_positions` int32 [B, K]: the classifier and multiple
+choice then score every example of a row at its own [CLS] ([B, K, L], [B, K, C]);
+the tagger needs nothing more (its logits are per token). Each example's logits
+are its unpacked ones.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from bert_tf.models.encoder import INPUT_NAMES, BertEncoder
+from bert_tf.models.encoder import INPUT_NAMES, PACKED_INPUT_NAMES, BertEncoder
 from bert_tf.models.heads import ClassificationHead, MultipleChoiceHead, SpanHead, TokenTaggingHead
 
 
@@ -26,8 +33,12 @@ class _PooledModel(keras.Model):
         self.skip_padding = skip_padding
 
     def pooled_output(self, inputs, training=False):
-        """[B, S] inputs -> [B, H]."""
-        return self.encoder.pooled_output(inputs, training=training, skip_padding=self.skip_padding)
+        """[B, S] inputs -> [B, H]; packed rows (with cls_positions [B, K]) -> [B, K, H], each example's own."""
+        if "cls_positions" not in inputs:
+            return self.encoder.pooled_output(inputs, training=training, skip_padding=self.skip_padding)
+        outputs = self.encoder.outputs_at(inputs, inputs["cls_positions"], training=training,
+                                          skip_padding=self.skip_padding)
+        return self.encoder.pooler(outputs["position_output"])  # [B, K, H]
 
 
 class BertClassifier(_PooledModel):
@@ -41,7 +52,12 @@ class BertClassifier(_PooledModel):
         self.head.build()
 
     def call(self, inputs, training=False):
-        return self.head(self.pooled_output(inputs, training=training), training=training)
+        pooled = self.pooled_output(inputs, training=training)  # [B, H] or packed [B, K, H]
+        if len(pooled.shape) == 2:
+            return self.head(pooled, training=training)
+        rows, slots = ops.shape(pooled)[0], ops.shape(pooled)[1]
+        logits = self.head(ops.reshape(pooled, (rows * slots, -1)), training=training)  # [B * K, L]
+        return ops.reshape(logits, (rows, slots, self.num_labels))
 
 
 class BertSpanLabeler(keras.Model):
@@ -70,10 +86,20 @@ class BertMultipleChoice(_PooledModel):
 
     def call(self, inputs, training=False):
         seq_length = ops.shape(inputs["input_ids"])[-1]
+        packed = "cls_positions" in inputs
         # [B, C, S] -> [B * C, S]: every (context, choice) pair is encoded on its own.
-        flat = {key: ops.reshape(inputs[key], (-1, seq_length)) for key in INPUT_NAMES}
-        pooled = self.pooled_output(flat, training=training)  # [B * C, H]
-        return self.head(pooled, training=training)
+        flat = {key: ops.reshape(inputs[key], (-1, seq_length))
+                for key in (PACKED_INPUT_NAMES if packed else INPUT_NAMES)}
+        if not packed:
+            return self.head(self.pooled_output(flat, training=training), training=training)  # [B, C]
+        # Packed: the C rows of a group hold the same examples at the same [CLS] positions.
+        slots = ops.shape(inputs["cls_positions"])[-1]
+        flat["cls_positions"] = ops.repeat(inputs["cls_positions"], self.num_choices, axis=0)  # [B * C, K]
+        pooled = self.pooled_output(flat, training=training)  # [B * C, K, H]
+        pooled = ops.transpose(ops.reshape(pooled, (-1, self.num_choices, slots, ops.shape(pooled)[-1])),
+                               (0, 2, 1, 3))  # [B, K, C, H]: choices of one example adjacent
+        logits = self.head(ops.reshape(pooled, (-1, ops.shape(pooled)[-1])), training=training)  # [B * K, C]
+        return ops.reshape(logits, (-1, slots, self.num_choices))
 
 
 class BertTokenClassifier(keras.Model):

@@ -25,13 +25,16 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import finetuning, model_dir
+from bert_tf.data.packing import FINETUNE_MAX_SEQUENCES_PER_ROW, pack_examples
 from bert_tf.finetuning import FinetuneError, Pretrained
-from bert_tf.runners.task import FinetuneConfig, FinetuneTask
+from bert_tf.models.encoder import PACKED_INPUT_NAMES
+from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.training.loop import EVAL_DIR, Trainer, TrainSettings, write_eval_results
 
 logger = logging.getLogger("bert_tf.runners")
 
 BEST_RESULTS = "best_eval_results.txt"
+PACKED_INPUTS = PACKED_INPUT_NAMES + ("cls_positions",)  # what a packed task model reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +47,11 @@ class RunSettings:
     pretrained: Pretrained
     strategy: tf.distribute.Strategy
     train: TrainSettings = TrainSettings()
-    dynamic_padding: bool = True  # batch by length; off on TPU (fixed shapes)
+    dynamic_padding: bool = True  # batch by length; off on TPU and under XLA (fixed shapes)
+    # Several examples per row of max_seq_length (bert_tf.data.packing.pack_examples): fixed shapes
+    # with little padding, for XLA on TPU/GPU. Batch sizes then count rows.
+    pack_sequences: bool = False
+    max_sequences_per_row: int = FINETUNE_MAX_SEQUENCES_PER_ROW
     # > 0: add this times the pretraining LM loss on the task inputs (GPT-1's auxiliary objective,
     # lambda = 0.5 there; bert_tf.training.auxiliary_lm). 0: the plain fine-tuning loss, as BERT.
     aux_lm_weight: float = 0.0
@@ -78,6 +85,30 @@ def check_request(cfg: FinetuneConfig) -> None:
     if cfg.max_seq_length > limit:
         raise FinetuneError(
             f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings {limit}")
+
+
+def check_packing(task: FinetuneTask, settings: RunSettings) -> None:
+    """--pack_sequences only where several examples can share a row."""
+    if not settings.pack_sequences:
+        return
+    if task.not_packable:
+        raise FinetuneError(f"--pack_sequences does not apply here: {task.not_packable}")
+    if settings.pretrained.causal:
+        raise FinetuneError("--pack_sequences needs a bidirectional model; this checkpoint is left-to-right")
+    if settings.aux_lm_weight:
+        raise FinetuneError("--pack_sequences cannot be combined with --aux_lm_weight")
+    if settings.max_sequences_per_row < 1:
+        raise FinetuneError(f"max_sequences_per_row must be >= 1, got {settings.max_sequences_per_row}")
+
+
+def pack_split(task: FinetuneTask, split: str, data: Featurized, settings: RunSettings) -> Featurized:
+    """Packs a featurized split's arrays (data.packed) and logs how much of the rows is real."""
+    data.packed = pack_examples(data.arrays, settings.max_sequences_per_row, task.pack_pad_values)
+    mask = np.asarray(data.arrays["input_mask"])
+    logger.info("%s: packed %d examples into %d rows of %d: %.1f%% of tokens real (unpacked %.1f%%)", split,
+                len(mask), data.packed.num_rows, mask.shape[-1], 100 * data.packed.efficiency(),
+                100 * np.count_nonzero(mask) / max(mask.size, 1))
+    return data
 
 
 def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, loss_fn: Callable, *,
@@ -115,16 +146,25 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     info = dict(identity, **recorded)
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
+    check_packing(task, settings)
+    pack, jit = settings.pack_sequences, settings.train.jit_compile
+    dynamic_padding = settings.dynamic_padding and not pack
+
+    def featurize(split):
+        data = task.featurize(split, tokenizer)
+        return pack_split(task, split, data, settings) if pack else data
+
     # Every input is read and featurized before anything is written to output_dir.
     eval_every = cfg.eval_every_steps if cfg.do_train and task.eval_splits else 0
-    train = task.featurize("train", tokenizer) if cfg.do_train else None
-    evals = {s: task.featurize(s, tokenizer) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
-    predicts = {s: evals.get(s) or task.featurize(s, tokenizer) for s in task.predict_splits} if cfg.do_predict else {}
-    num_train_steps = max(1, int(train.count / cfg.train_batch_size * cfg.num_train_epochs)) if train else 0
+    train = featurize("train") if cfg.do_train else None
+    evals = {s: featurize(s) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
+    predicts = {s: evals.get(s) or featurize(s) for s in task.predict_splits} if cfg.do_predict else {}
+    # An epoch is one pass over the examples; packed, a batch is train_batch_size rows.
+    train_units = (train.packed.num_rows if pack else train.count) if train else 0
+    num_train_steps = max(1, int(train_units / cfg.train_batch_size * cfg.num_train_epochs)) if train else 0
 
     def model_fn():
-        return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info,
-                                                     skip_padding=not settings.train.jit_compile)
+        return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
@@ -135,12 +175,17 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     board = tf.summary.create_file_writer(os.path.join(out, EVAL_DIR)) \
         if trainer.is_chief and scoring else tf.summary.create_noop_writer()
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
+    predictor = finetuning.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
+                                     dynamic_padding=dynamic_padding, jit_compile=jit)
 
     def score(split: str, data, batch_size: int):
         step = int(trainer.global_step.numpy())
         if split not in scored or scored[split][0] != step:
-            outputs = finetuning.predict(trainer.model, data.arrays, batch_size, sequence_outputs=task.sequence_outputs,
-                                         dynamic_padding=settings.dynamic_padding)
+            if pack:
+                outputs = data.packed.unpack(predictor(data.packed.arrays, batch_size, PACKED_INPUTS),
+                                             sequence_outputs=task.sequence_outputs)
+            else:
+                outputs = predictor(data.arrays, batch_size)
             metrics, decoded = task.score(split, data, outputs)
             if metrics is not None:
                 metrics["global_step"] = step
@@ -168,9 +213,14 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
     results: Dict[str, Dict[str, float]] = {}
     if cfg.do_train:
-        trainer.run_summary(train.count, int(num_train_steps * cfg.warmup_proportion), extra=task.summary())
-        dataset_fn = finetuning.arrays_dataset_fn(train.arrays, training=True, seed=settings.train.seed,
-                                                  dynamic_padding=settings.dynamic_padding)
+        extra = dict(task.summary())
+        if pack:
+            extra["packing"] = (f"{train.count} examples in {train_units} rows, {train.packed.efficiency():.1%} of "
+                                f"tokens real; batches and epochs count rows")
+        trainer.run_summary(train_units, int(num_train_steps * cfg.warmup_proportion), extra=extra,
+                            unit="rows" if pack else "examples")
+        dataset_fn = finetuning.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
+                                                  seed=settings.train.seed, dynamic_padding=dynamic_padding)
         results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                                            metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
                                            output_dir=out, ordered=task.ordered_results)
@@ -189,6 +239,9 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         if metrics is not None:
             results[split] = metrics
             write_results(split, metrics)
+    if jit:  # the compile-count bound of docs/design.md: one program per shape
+        logger.info("XLA programs traced: training step %d, prediction %d",
+                    trainer.train_step_traces, predictor.traces)
     return results
 
 

@@ -139,10 +139,13 @@ class NerTask(FinetuneTask):
     predict_splits = ("test",)
     primary_metric = "eval_f1"
     sequence_outputs = True
+    pack_pad_values = {"label_ids": IGNORE_LABEL_ID}  # no loss where a packed row has no token
     loss = staticmethod(tagging_loss)
 
     def __init__(self, cfg: NerRunConfig):
         self.cfg = cfg
+        if cfg.feature_based:
+            self.not_packable = "the feature-based BiLSTM reads a whole row as one sentence"
 
     def setup(self, pretrained):
         cfg = self.cfg

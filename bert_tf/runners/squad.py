@@ -217,6 +217,7 @@ class SquadTask(FinetuneTask):
     """
 
     task_type = "span"
+    not_packable = "SQuAD's document windows fill their rows already"
     predict_splits = (EVAL_SPLIT,)
     sequence_outputs = True
     ordered_results = True  # eval_results.txt in the official scripts' key order

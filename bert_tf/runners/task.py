@@ -45,6 +45,7 @@ class Featurized:
     arrays: Dict[str, Any]
     count: int
     features: Optional[List[Any]] = None
+    packed: Optional[Any] = None  # bert_tf.data.packing.PackedExamples of `arrays` (--pack_sequences)
 
 
 class FinetuneTask:
@@ -56,6 +57,9 @@ class FinetuneTask:
     primary_metric  the key (of eval_splits[0]'s results) that picks the best model; higher is better
     sequence_outputs  the model's outputs are per token ([N, S, ...])
     ordered_results   eval_results keep the score's key order (else sorted, as the original)
+    not_packable    why several examples cannot share a row here ("" when they can: --pack_sequences,
+                    bert_tf.data.packing.pack_examples)
+    pack_pad_values   per-token arrays' values where a packed row has no token (default 0)
     """
 
     task_type: str
@@ -64,6 +68,8 @@ class FinetuneTask:
     primary_metric: str = "eval_accuracy"
     sequence_outputs: bool = False
     ordered_results: bool = False
+    not_packable: str = ""
+    pack_pad_values: Dict[str, int] = {}
 
     def setup(self, pretrained) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """Before any data is featurized: (the run info that must match a run being resumed,

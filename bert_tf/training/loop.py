@@ -277,6 +277,11 @@ class Trainer:
         self.step_losses = []
         self.loop_history = []
 
+    @property
+    def train_step_traces(self) -> int:
+        """How many times the gradient step was traced: compiled programs (one per batch shape) under XLA."""
+        return self._grad_fn.experimental_get_tracing_count()
+
     # ------------------------------------------------------------------ pieces run per replica
     def _compute_grads(self, batch):
         """One micro-batch: (loss, metric terms, grads of loss / (replicas * micro-batches))."""
@@ -483,7 +488,8 @@ class Trainer:
             self._metric_names = sorted(metrics)
 
     def run_summary(self, num_train_examples: Optional[int] = None, num_warmup_steps: Optional[int] = None,
-                    extra: Optional[Dict] = None) -> str:
+                    extra: Optional[Dict] = None, unit: str = "examples") -> str:
+        """Logs (and returns) what the run will do; `unit`: what a batch counts (packed "rows")."""
         c = self.settings
         lines = [
             f"model: {type(self.model).__name__}, {count_parameters(self.model):,} trainable parameters",
@@ -493,7 +499,7 @@ class Trainer:
             f"per replica)",
             f"steps: {self.train_steps} (warmup {num_warmup_steps if num_warmup_steps is not None else 'n/a'}), "
             f"{c.iterations_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
-            f"examples: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
+            f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}",
         ]

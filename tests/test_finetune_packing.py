@@ -1,0 +1,171 @@
+"""Packed fine-tuning (bert_tf.data.packing.pack_examples, the task models' packed paths): every example lands
+in one row intact, predictions come back one per example in input order, and a packed batch has the logits,
+losses and gradients of the same examples unpacked."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import float32_tolerance
+
+from bert_tf.configs import BertConfig
+from bert_tf.data.packing import pack_examples
+from bert_tf.models import BertClassifier, BertEncoder, BertMultipleChoice, BertTokenClassifier
+from bert_tf.runners.classifier import classification_loss
+from bert_tf.runners.common import PACKED_INPUTS
+from bert_tf.runners.ner import IGNORE_LABEL_ID, tagging_loss
+
+SEQ, VOCAB, CHOICES, LABELS = 32, 50, 3, 4
+CONFIG = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64, max_position_embeddings=SEQ)
+# Two float32 computations of the logits differ only in the order of their sums: each layer adds about
+# hidden + intermediate + SEQ terms; magnitude 10 bounds the activations before LayerNorm.
+TOLERANCE = float32_tolerance(10.0, CONFIG.num_hidden_layers * (32 + 64 + SEQ) + 64)
+
+
+def _examples(num, rng, choices=None, min_len=3, max_len=SEQ):
+    """Featurized arrays as the tasks make them: [CLS] a [SEP] (b [SEP]), zero-padded; lengths from min..max."""
+    shape = (num,) if choices is None else (num, choices)
+    lengths = rng.integers(min_len, max_len + 1, size=shape)
+    ids = rng.integers(5, VOCAB, size=shape + (SEQ,)).astype(np.int32)
+    mask = (np.arange(SEQ) < lengths[..., None]).astype(np.int32)
+    segments = ((np.arange(SEQ) >= lengths[..., None] // 2) & (mask == 1)).astype(np.int32)
+    ids[..., 0] = 2
+    return {"input_ids": ids * mask, "input_mask": mask, "segment_ids": segments,
+            "label_ids": rng.integers(0, choices or LABELS, size=num).astype(np.int32),
+            "is_real_example": np.ones(num, np.int32)}
+
+
+def _batches(arrays, keys):
+    return {k: tf.constant(arrays[k]) for k in keys}
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    tf.keras.utils.set_random_seed(1)
+    return BertEncoder(CONFIG)
+
+
+def test_every_example_lands_once_intact_and_comes_back_in_order():
+    rng = np.random.default_rng(0)
+    arrays = _examples(200, rng, max_len=SEQ // 2)
+    arrays["token_tags"] = np.where(arrays["input_mask"] == 1, rng.integers(0, 9, size=(200, SEQ)), -7)
+    packed = pack_examples(arrays, max_sequences_per_row=8, pad_values={"token_tags": -7})
+    rows = packed.arrays
+    assert rows["input_ids"].shape == (packed.num_rows, SEQ) and rows["cls_positions"].shape == (packed.num_rows, 8)
+    assert packed.num_rows < 200 / 2  # short examples share rows
+    real = arrays["input_mask"].sum(1)
+    for i in range(200):
+        r, k, o, n = packed.row[i], packed.slot[i], packed.offset[i], real[i]
+        assert rows["cls_positions"][r, k] == o and rows["label_ids"][r, k] == arrays["label_ids"][i]
+        np.testing.assert_array_equal(rows["input_ids"][r, o:o + n], arrays["input_ids"][i, :n])
+        np.testing.assert_array_equal(rows["segment_ids"][r, o:o + n], arrays["segment_ids"][i, :n])
+        np.testing.assert_array_equal(rows["token_tags"][r, o:o + n], arrays["token_tags"][i, :n])
+        np.testing.assert_array_equal(rows["position_ids"][r, o:o + n], np.arange(n))
+        assert (rows["sequence_ids"][r, o:o + n] == k + 1).all()
+    # Every real token once, nothing else: padding has sequence id 0 and the pad value.
+    assert np.count_nonzero(rows["sequence_ids"]) == real.sum()
+    assert (rows["token_tags"][rows["sequence_ids"] == 0] == -7).all()
+    assert rows["is_real_example"].sum() == 200  # empty slots weigh 0
+    # Outputs per slot and per token come back one per example, in input order.
+    per_slot = np.arange(packed.num_rows * 8, dtype=np.float32).reshape(packed.num_rows, 8, 1)
+    np.testing.assert_array_equal(packed.unpack(per_slot)[:, 0], packed.row * 8 + packed.slot)
+    per_token = rows["input_ids"][..., None].astype(np.float32)
+    back = packed.unpack(per_token, sequence_outputs=True)[..., 0]
+    np.testing.assert_array_equal(np.where(arrays["input_mask"] == 1, back, 0), arrays["input_ids"])
+    assert (back[arrays["input_mask"] == 0] == -1e4).all()
+
+
+def test_efficiency_on_a_glue_like_length_mix():
+    """Short sentences (CoLA/SST-2-like, 6..40 pieces) at seq 128: mostly padding unpacked, >= 97% packed."""
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(np.log(14), 0.5, size=2000).astype(int), 4, 128)
+    mask = (np.arange(128) < lengths[:, None]).astype(np.int32)
+    packed = pack_examples({"input_ids": mask, "input_mask": mask, "segment_ids": 0 * mask,
+                            "label_ids": np.zeros(2000, np.int32)})
+    assert mask.mean() < 0.15
+    assert packed.efficiency() >= 0.97, packed.efficiency()
+
+
+def test_multiple_choice_groups_keep_an_example_in_one_slot_of_every_choice_row():
+    rng = np.random.default_rng(2)
+    arrays = _examples(60, rng, choices=CHOICES, max_len=SEQ // 3)
+    packed = pack_examples(arrays, max_sequences_per_row=4)
+    rows = packed.arrays
+    assert rows["input_ids"].shape == (packed.num_rows, CHOICES, SEQ)
+    for i in range(60):
+        r, k, o = packed.row[i], packed.slot[i], packed.offset[i]
+        for c in range(CHOICES):
+            n = arrays["input_mask"][i, c].sum()
+            np.testing.assert_array_equal(rows["input_ids"][r, c, o:o + n], arrays["input_ids"][i, c, :n])
+            assert (rows["sequence_ids"][r, c, o:o + n] == k + 1).all()
+
+
+def _grads(model, loss_fn, batch):
+    with tf.GradientTape() as tape:
+        loss, metrics = loss_fn(model, batch, training=False)
+    return loss, metrics, tape.gradient(loss, model.trainable_variables)
+
+
+def _assert_same_loss_and_grads(model, loss_fn, unpacked, packed, unused=0):
+    """`unused`: variables the loss does not reach (a tagger's pooler), without a gradient either way."""
+    loss_u, metrics_u, grads_u = _grads(model, loss_fn, unpacked)
+    loss_p, metrics_p, grads_p = _grads(model, loss_fn, packed)
+    assert abs(float(loss_u) - float(loss_p)) <= TOLERANCE
+    for name, (value, weight) in metrics_u.items():
+        assert float(weight) == float(metrics_p[name][1])
+        assert abs(float(value) - float(metrics_p[name][0])) <= TOLERANCE
+    compared = 0
+    for g_u, g_p in zip(grads_u, grads_p, strict=True):
+        if g_u is None:
+            assert g_p is None
+            continue
+        g_u, g_p = tf.convert_to_tensor(g_u).numpy(), tf.convert_to_tensor(g_p).numpy()
+        np.testing.assert_allclose(g_p, g_u, atol=TOLERANCE * max(1.0, np.abs(g_u).max()))
+        compared += 1
+    assert compared == len(model.trainable_variables) - unused
+
+
+@pytest.mark.parametrize("skip_padding", [False, True])
+def test_packed_classifier_equals_unpacked(encoder, skip_padding):
+    rng = np.random.default_rng(3)
+    arrays = _examples(24, rng, max_len=SEQ // 2)
+    packed = pack_examples(arrays, max_sequences_per_row=6)
+    assert packed.num_rows < 12
+    model = BertClassifier(encoder, num_labels=LABELS, skip_padding=skip_padding)
+    unpacked_batch = _batches(arrays, ("input_ids", "input_mask", "segment_ids", "label_ids", "is_real_example"))
+    packed_batch = _batches(packed.arrays, PACKED_INPUTS + ("label_ids", "is_real_example"))
+    logits = model(unpacked_batch).numpy()
+    packed_logits = model(packed_batch).numpy()
+    assert packed_logits.shape == (packed.num_rows, 6, LABELS)
+    np.testing.assert_allclose(packed.unpack(packed_logits), logits, atol=TOLERANCE)
+    _assert_same_loss_and_grads(model, classification_loss, unpacked_batch, packed_batch)
+
+
+def test_packed_multiple_choice_equals_unpacked(encoder):
+    rng = np.random.default_rng(4)
+    arrays = _examples(12, rng, choices=CHOICES, max_len=SEQ // 3)
+    packed = pack_examples(arrays, max_sequences_per_row=4)
+    model = BertMultipleChoice(encoder, num_choices=CHOICES, skip_padding=False)
+    unpacked_batch = _batches(arrays, ("input_ids", "input_mask", "segment_ids", "label_ids", "is_real_example"))
+    packed_batch = _batches(packed.arrays, PACKED_INPUTS + ("label_ids", "is_real_example"))
+    packed_logits = model(packed_batch).numpy()
+    assert packed_logits.shape == (packed.num_rows, 4, CHOICES)
+    np.testing.assert_allclose(packed.unpack(packed_logits), model(unpacked_batch).numpy(), atol=TOLERANCE)
+    _assert_same_loss_and_grads(model, classification_loss, unpacked_batch, packed_batch)
+
+
+def test_packed_tagger_equals_unpacked(encoder):
+    rng = np.random.default_rng(5)
+    arrays = _examples(16, rng, max_len=SEQ // 2)
+    arrays["label_ids"] = np.where(arrays["input_mask"] == 1, rng.integers(0, LABELS, size=(16, SEQ)),
+                                   IGNORE_LABEL_ID).astype(np.int32)
+    arrays["label_ids"][:, 0] = IGNORE_LABEL_ID  # [CLS] carries no tag
+    packed = pack_examples(arrays, max_sequences_per_row=6, pad_values={"label_ids": IGNORE_LABEL_ID})
+    model = BertTokenClassifier(encoder, num_labels=LABELS)
+    unpacked_batch = _batches(arrays, ("input_ids", "input_mask", "segment_ids", "label_ids"))
+    packed_batch = _batches(packed.arrays, PACKED_INPUTS + ("label_ids",))
+    logits = model(unpacked_batch).numpy()
+    back = packed.unpack(model(packed_batch).numpy(), sequence_outputs=True)
+    real = arrays["input_mask"] == 1
+    np.testing.assert_allclose(back[real], logits[real], atol=TOLERANCE)
+    _assert_same_loss_and_grads(model, tagging_loss, unpacked_batch, packed_batch, unused=2)  # pooler kernel, bias
