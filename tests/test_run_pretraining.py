@@ -141,6 +141,30 @@ def test_pipeline_shards_per_input_pipeline(data):
     np.testing.assert_array_equal(ids[1], whole.numpy()[1::2])
 
 
+def test_filled_last_eval_batch_keeps_shapes_and_metrics(data):
+    """fill_last_batch: every batch [B, S] (one XLA program), every instance read once, and the filler
+    changes no metric: the last batch scores as the same instances unfilled."""
+    from bert_tf.models import BertPretrainer
+    from bert_tf.training.pretraining import pretraining_loss_fn
+
+    files = [str(data / "train.tfrecord")]
+    plain = list(pipelines.pretraining_dataset(files, SEQ, PREDS, 12, is_training=False, drop_remainder=False))
+    filled = list(pipelines.pretraining_dataset(files, SEQ, PREDS, 12, is_training=False, fill_last_batch=True))
+    count = sum(len(b["input_ids"]) for b in plain)
+    assert count % 12, "the fixture should end in a partial batch"
+    assert len(filled) == len(plain) and all(b["input_ids"].shape == (12, SEQ) for b in filled)
+    weights = np.concatenate([b["next_sentence_weights"].numpy() for b in filled])
+    assert weights.sum() == count and (weights[count:] == 0).all()
+    np.testing.assert_array_equal(filled[-1]["input_ids"][: count % 12], plain[-1]["input_ids"])
+    tf.keras.utils.set_random_seed(0)
+    model = BertPretrainer(BertConfig.from_json_file(str(data / "bert_config.json")))
+    _, expected = pretraining_loss_fn(model, plain[-1], training=False)
+    _, got = pretraining_loss_fn(model, filled[-1], training=False)
+    for name, (value, weight) in expected.items():
+        assert float(got[name][1]) == float(weight), name
+        np.testing.assert_allclose(float(got[name][0]), float(value), rtol=1e-5, err_msg=name)
+
+
 def _command(data, out, steps, **extra):
     flags = dict(bert_config_file=data / "bert_config.json", input_file=data / "train.tfrecord", output_dir=out,
                  max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True, train_batch_size=16,

@@ -173,6 +173,7 @@ def pretraining_dataset(
     cycle_length: int = CYCLE_LENGTH,
     skip_corrupt_records: bool = False,
     drop_remainder: bool = True,
+    fill_last_batch: bool = False,
 ) -> tf.data.Dataset:
     """Batches of the original's features (schema.parse_pretraining_example), for one input pipeline.
 
@@ -186,6 +187,9 @@ def pretraining_dataset(
         tf.data then drops the rest of that file (count them first with find_corrupt_files).
       drop_remainder: drop the last partial batch (fixed shapes, as the original on TPU); False
         keeps it (packing.packed_pretraining_dataset reads every instance of an evaluation).
+      fill_last_batch: (evaluation) keep every instance and every batch's shape: the last batch
+        is filled up with empty instances, and a float32 [batch] next_sentence_weights (0 for
+        them) keeps them out of every loss and metric. Under XLA one program then serves all.
     Returns a Dataset of dicts: int32 [batch, max_seq_length] input_ids, input_mask,
     segment_ids; int32 [batch, P] masked_lm_positions, masked_lm_ids; float32
     [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels.
@@ -217,12 +221,18 @@ def pretraining_dataset(
         ds = ds.shard(num_pipelines, pipeline_id)
     if is_training:
         ds = ds.shuffle(shuffle_buffer_size, seed=seed)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(
-        lambda records: schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-    return ds.prefetch(tf.data.AUTOTUNE)
+    if fill_last_batch:
+        ds = ds.map(lambda record: (record, 1.0))
+        empty = schema.encode_example({name: [0.0 if dtype == schema.FLOAT32 else 0] * length for name, (dtype, length)
+                                       in schema.feature_spec(max_seq_length, max_predictions_per_seq).items()})
+        ds = ds.concatenate(tf.data.Dataset.from_tensors((tf.constant(empty), 0.0)).repeat(batch_size - 1))
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder or fill_last_batch)
+
+    def parse(records, weights=None):
+        features = schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq)
+        return features if weights is None else dict(features, next_sentence_weights=weights)
+
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def count_records(files: Sequence[str]) -> int:

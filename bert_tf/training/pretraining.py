@@ -305,6 +305,7 @@ def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
             input_context=ctx, seed=config.train.seed, skip_corrupt_records=config.skip_corrupt_records,
+            fill_last_batch=not is_training,  # every instance evaluated, every batch one shape (XLA)
         )
 
     return dataset_fn
