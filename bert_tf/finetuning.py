@@ -228,18 +228,40 @@ class Predictor:
     under XLA (`jit_compile`) one program serves every batch of a size (`traces` counts them).
     sequence_outputs: the outputs are per token ([B, S, ...], e.g. span logits, tags); cut batches
     are padded back to the full S with -10000 (never picked by an argmax).
+    strategy: run each batch on the strategy's replicas (a slice each, outputs joined in order), where
+    the model's variables live: the TPU cores, the GPUs. Batches are then always full (the last one
+    filled up) and a multiple of the replicas. A multi-worker strategy is not used: every worker
+    predicts everything with its own copy of the weights (they are the same on every worker).
     """
 
     def __init__(self, model, *, sequence_outputs: bool = False, dynamic_padding: bool = True,
-                 jit_compile: bool = False):
+                 jit_compile: bool = False, strategy: Optional[tf.distribute.Strategy] = None):
         self.sequence_outputs = sequence_outputs
         self.dynamic_padding = dynamic_padding
+        if strategy is not None and strategy.extended._in_multi_worker_mode():
+            strategy = None
+        self.strategy = strategy
 
         def forward(batch):
             return model(batch, training=False)
 
         self._forward = tf.function(forward, jit_compile=jit_compile, reduce_retracing=not jit_compile,
                                     autograph=False)
+        if strategy is not None:
+            # The compiled function is called from a Python one: given to strategy.run itself, a
+            # compiled function reads one replica's variables from another's device.
+            self._replicated = tf.function(lambda batch: strategy.run(lambda b: self._forward(b), args=(batch,)),
+                                           autograph=False, reduce_retracing=not jit_compile)
+
+    def _run(self, batch, replicas: int):
+        if self.strategy is None:
+            return self._forward(batch)
+        per_replica = batch["input_ids"].shape[0] // replicas
+        sliced = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: {k: v[ctx.replica_id_in_sync_group * per_replica:(ctx.replica_id_in_sync_group + 1) * per_replica]
+                         for k, v in batch.items()})
+        outputs = self._replicated(sliced)
+        return tf.nest.map_structure(lambda t: tf.concat(self.strategy.experimental_local_results(t), axis=0), outputs)
 
     @property
     def traces(self) -> int:
@@ -264,17 +286,21 @@ class Predictor:
                 t = np.pad(t, [(0, 0), (0, full - t.shape[1])] + [(0, 0)] * (t.ndim - 2), constant_values=-1e4)
             return t
 
+        replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
+        if batch_size % replicas:
+            raise FinetuneError(f"batch size {batch_size} must be a multiple of the {replicas} replicas")
+        fill = not self.dynamic_padding or self.strategy is not None
         chunks = []
         for start in range(0, n, batch_size):
             idx = order[start:start + batch_size]
             batch = {k: v[idx] for k, v in inputs.items()}
-            if not self.dynamic_padding and len(idx) < batch_size:  # the same shape as every other batch
+            if fill and len(idx) < batch_size:  # the same shape as every other batch
                 batch = {k: np.concatenate([v, np.zeros((batch_size - len(idx),) + v.shape[1:], v.dtype)])
                          for k, v in batch.items()}
             batch = {k: tf.constant(v) for k, v in batch.items()}
             if self.dynamic_padding:
                 batch = trim_padding(batch)
-            outputs = tf.nest.map_structure(to_full, self._forward(batch))
+            outputs = tf.nest.map_structure(to_full, self._run(batch, replicas))
             chunks.append(tf.nest.map_structure(lambda a, m=len(idx): a[:m], outputs))
         joined = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
         inverse = np.empty_like(order)

@@ -169,3 +169,51 @@ def test_packed_tagger_equals_unpacked(encoder):
     real = arrays["input_mask"] == 1
     np.testing.assert_allclose(back[real], logits[real], atol=TOLERANCE)
     _assert_same_loss_and_grads(model, tagging_loss, unpacked_batch, packed_batch, unused=2)  # pooler kernel, bias
+
+
+REPLICATED_PREDICTION = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+sys.path.insert(0, sys.argv[1])
+from test_finetune_packing import CONFIG, _examples
+from bert_tf.data.packing import pack_examples
+from bert_tf.finetuning import Predictor
+from bert_tf.models import BertClassifier, BertEncoder
+from bert_tf.runners.common import PACKED_INPUTS
+
+strategy = tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+tf.keras.utils.set_random_seed(0)
+with strategy.scope():
+    model = BertClassifier(BertEncoder(CONFIG), num_labels=4, skip_padding=False)
+packed = pack_examples(_examples(30, np.random.default_rng(6), max_len=12), max_sequences_per_row=4)
+out = {}
+for name, kwargs in (("local", {}), ("replicated", {"strategy": strategy})):
+    predictor = Predictor(model, dynamic_padding=False, jit_compile=True, **kwargs)
+    out[name] = predictor(packed.arrays, 4, PACKED_INPUTS).tolist()
+    out[name + "_traces"] = predictor.traces
+print("RESULT" + json.dumps(dict(out, rows=packed.num_rows, replicas=strategy.num_replicas_in_sync)))
+"""
+
+
+def test_prediction_on_two_replicas_keeps_the_order_and_the_numbers():
+    """Predictor with a MirroredStrategy on two logical CPUs (as on GPUs / TPU cores): each replica takes
+    a slice of every batch, the last batch filled up; the joined outputs equal one device's, in order."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, "-c", REPLICATED_PREDICTION, here], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""),
+                            cwd=os.path.dirname(here))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT", 1)[1])
+    assert out["replicas"] == 2 and out["rows"] % 4  # a partial last batch
+    local, replicated = np.array(out["local"]), np.array(out["replicated"])
+    assert local.shape == (out["rows"], 4, 4)
+    np.testing.assert_allclose(replicated, local, atol=TOLERANCE)
+    assert out["local_traces"] == 1 and out["replicated_traces"] <= 2  # one program (per replica device)

@@ -176,7 +176,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         if trainer.is_chief and scoring else tf.summary.create_noop_writer()
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
     predictor = finetuning.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
-                                     dynamic_padding=dynamic_padding, jit_compile=jit)
+                                     dynamic_padding=dynamic_padding, jit_compile=jit, strategy=settings.strategy)
 
     def score(split: str, data, batch_size: int):
         step = int(trainer.global_step.numpy())
