@@ -1,13 +1,16 @@
 """create_vocab: layout, coverage, determinism, casing options, errors."""
 
+import json
 import random
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, shared_path
 
 from bert_tf.data.pretraining_job import make_tokenizer, read_vocab
 from bert_tf.tokenization import vocab_builder
+from bert_tf.tokenization.full import WordpieceTokenizer
 
 CORPUS = """The quick brown fox jumps over the lazy dog.
 Jumping foxes jumped; the dogs were lazier than the foxes.
@@ -118,3 +121,74 @@ def test_kjv_vocab_coverage():
     stats = vocab_builder.word_stats(vocab, words)
     assert stats["unk_rate"] == 0.0
     assert stats["pieces_per_word"] < 1.15
+
+
+# ------------------------------------------------------------------ --extend_vocab
+def _base_vocab():
+    """A small vocab (10 [unused] slots) learned from a third of the corpus: many words still split."""
+    lines = _corpus_lines()
+    return vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines[::3]), vocab_size=150,
+                                               num_unused=10), vocab_builder.count_words(lines)
+
+
+def test_extend_vocab_keeps_old_ids_and_fills_only_unused_slots():
+    base, words = _base_vocab()
+    extended, new = vocab_builder.extend_vocab(base, words)
+    assert len(extended) == len(base) and len(new) == 10
+    changed = [i for i, (a, b) in enumerate(zip(base, extended, strict=True)) if a != b]
+    assert changed == [t.id for t in new] == list(range(1, 11))  # [unused0..9]: ids 1-10, in order
+    assert all(base[i] == f"[unused{i - 1}]" == t.replaced for i, t in zip(changed, new, strict=True))
+    ids = {t: i for i, t in enumerate(base)}
+    wordpiece = WordpieceTokenizer(vocab=ids)
+
+    def saved(word):
+        return words[word] * (len(wordpiece.tokenize_word(word)) - 1)
+
+    for t in new:  # whole corpus words the old vocab split, with those pieces
+        assert t.token in words and t.token not in ids and t.count == words[t.token]
+        assert list(t.old_pieces) == wordpiece.tokenize_word(t.token) and len(t.old_pieces) >= 2
+        assert [base[i] for i in t.old_piece_ids] == list(t.old_pieces)
+    scores = [saved(t.token) for t in new]
+    assert scores == sorted(scores, reverse=True)
+    left_out = [w for w in words if w not in ids and w not in extended and words[w] >= 2]
+    assert max(saved(w) for w in left_out) <= scores[-1]  # nothing better was left out
+    before = vocab_builder.word_stats(base, words)["pieces_per_word"]
+    after = vocab_builder.word_stats(extended, words)["pieces_per_word"]
+    assert after < before
+    assert vocab_builder.extend_vocab(base, words, max_new_tokens=3)[1] == new[:3]
+    with pytest.raises(vocab_builder.VocabExtensionError, match="no \\[unusedN\\] slots"):
+        vocab_builder.extend_vocab([t for t in base if not t.startswith("[unused")], words)
+
+
+def test_extension_json_round_trip_and_tokenizer(tmp_path):
+    base, words = _base_vocab()
+    extended, new = vocab_builder.extend_vocab(base, words)
+    path = tmp_path / "domain_vocab.txt"
+    vocab_builder.write_vocab(str(path), extended)
+    assert vocab_builder.write_extension(str(path), "base.txt", new) == str(tmp_path / "domain_vocab.extension.json")
+    assert vocab_builder.read_extension(str(path)) == new
+    tok = make_tokenizer(str(path), do_lower_case=True, strip_accents=None)
+    assert tok.tokenize_batch([new[0].token])[0] == [new[0].token]  # one piece now
+    stale = list(extended)
+    stale[new[0].id] = base[new[0].id]
+    vocab_builder.write_vocab(str(path), stale)
+    with pytest.raises(vocab_builder.VocabExtensionError, match="the JSON belongs to another vocab"):
+        vocab_builder.read_extension(str(path))
+    assert vocab_builder.read_extension(str(tmp_path / "no_extension.txt")) == []
+
+
+def test_extend_vocab_script_reports_pieces_per_word(tmp_path):
+    base, words = _base_vocab()
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(_corpus_lines()) + "\n")
+    vocab_builder.write_vocab(str(tmp_path / "base.txt"), base)
+    proc = _script(tmp_path, f"--input_file={corpus}", f"--extend_vocab={tmp_path}/base.txt",
+                   f"--vocab_file={tmp_path}/domain.txt", "--max_new_tokens=4")
+    assert proc.returncode == 0, proc.stderr
+    extended, _ = vocab_builder.extend_vocab(base, words, max_new_tokens=4)
+    assert (tmp_path / "domain.txt").read_text().splitlines() == extended
+    assert json.loads((tmp_path / "domain.extension.json").read_text())["new_tokens"][0]["token"] == extended[1]
+    for vocab, name in ((base, "base.txt"), (extended, "domain.txt")):
+        stats = vocab_builder.word_stats(vocab, words)
+        assert (f"with {tmp_path}/{name}: [UNK] {100 * stats['unk_rate']:.4f}% of wordpieces, "
+                f"{stats['pieces_per_word']:.3f} wordpieces per word") in proc.stderr
