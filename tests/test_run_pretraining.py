@@ -1,5 +1,6 @@
 """run_pretraining.py on a tiny BERT and TFRecords made from the built-in KJV sample."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -112,6 +113,17 @@ def test_packed_rows_under_xla_learn_with_one_compilation(data, tmp_path):
     assert trainer._grad_fn.experimental_get_tracing_count() == 1  # 60 steps, 12 loops: one XLA program
     loss = _events(str(tmp_path / "model"))["loss"]
     assert np.mean([loss[s] for s in (50, 55, 60)]) < loss[5] - 0.5, loss
+    # Evaluation, unpacked and packed: every batch one shape (the last one filled), one program each,
+    # every instance read once: the same metrics either way.
+    results = {}
+    for packed in (False, True):
+        config = dataclasses.replace(config, pack_sequences=packed)
+        evaluator = build_trainer(config, strategy_lib.get_strategy("one_device"))
+        assert evaluator.restore() is not None  # the trained model
+        results[packed] = evaluator.evaluate(pretraining._dataset_fn(config, config.input_files, is_training=False), 16)
+        assert evaluator._eval_fn.experimental_get_tracing_count() == 1, packed
+    for key in ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss"):
+        assert results[True][key] == pytest.approx(results[False][key], rel=1e-4), key
     with pytest.raises(PretrainingError, match="pack_sequences needs a bidirectional objective"):
         PretrainingConfig(bert_config=config.bert_config, input_files=config.input_files, output_dir=str(tmp_path),
                           max_seq_length=2 * SEQ, max_predictions_per_seq=2 * PREDS, do_train=True, objective="ltr",
