@@ -13,6 +13,10 @@ TEST = [
     # The CPU build of torch: scripts/venv.sh installs it first (PyPI's Linux wheel pulls CUDA).
     "torch==2.13.0",
     "transformers==5.23.0",
+    # TF-Hub's BERT workflow on our exports (tests/test_hub.py): hub.KerasLayer in a tf_keras model.
+    "tensorflow-hub==0.16.1",
+    "tf-keras==2.20.1",
+    "setuptools<81",  # tensorflow-hub 0.16.1 (the latest) imports pkg_resources, which setuptools 81 removed
 ]
 
 setup(
