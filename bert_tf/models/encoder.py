@@ -44,6 +44,7 @@ INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 PACKED_INPUT_NAMES = ("input_ids", "segment_ids", "sequence_ids", "position_ids")
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class BertEncoder(keras.Model):
     """BERT encoder built from a `BertConfig`.
 
@@ -208,12 +209,21 @@ class BertEncoder(keras.Model):
 
     # --- config
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal}
+        return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal,
+                "dtype": self.dtype_policy.name}
 
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
-                   causal=config.get("causal", False))
+                   causal=config.get("causal", False), dtype=config.get("dtype"))
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs) -> "BertEncoder":
+        """The encoder of an original TF1 checkpoint, a Hugging Face folder or a bert_tf model dir, with its
+        weights: bert_tf.pretrained.from_pretrained (which documents `kwargs`)."""
+        from bert_tf.pretrained import from_pretrained
+
+        return from_pretrained(cls, path, **kwargs)
 
     @property
     def blocks(self):

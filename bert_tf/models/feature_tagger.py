@@ -24,6 +24,7 @@ DEFAULT_FEATURE_LAYERS = "concat_last:4"
 NUM_LSTM_LAYERS = 2
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class BiLSTMFeatureTagger(keras.Model):
     """inputs (input_ids, input_mask, segment_ids int32 [B, S]) -> logits float32 [B, S, L].
 
@@ -59,6 +60,7 @@ class BiLSTMFeatureTagger(keras.Model):
             setattr(self, f"bilstm_{i}", lstm)  # attributes, not a list: tf.train.Checkpoint tracks them
         self.head = TokenTaggingHead(num_labels, 2 * self.lstm_units, config.initializer_range)
         self.head.build()
+        self.built = True  # every variable exists: no call is needed before saving
 
     def call(self, inputs, training=False):
         outputs = self.encoder(inputs, training=False)  # frozen: no dropout in the features either
@@ -71,3 +73,12 @@ class BiLSTMFeatureTagger(keras.Model):
         for i in range(NUM_LSTM_LAYERS):
             x = getattr(self, f"bilstm_{i}")(x, mask=mask, training=training)  # [B, S, 2U]
         return self.head(x, training=training)  # [B, S, L]
+
+    def get_config(self):
+        return {"encoder": keras.saving.serialize_keras_object(self.encoder), "num_labels": self.num_labels,
+                "combination": self.combination.spec, "lstm_units": self.lstm_units, "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(keras.saving.deserialize_keras_object(config.pop("encoder")), **config)

@@ -1,6 +1,7 @@
 """Output heads on top of the encoder (docs/reference.md §3).
 
-Every head runs in float32 (its own dtype policy), whatever the encoder's
+Every head is registered with Keras (package "bert_tf": `.keras` files name it
+"bert_tf>ClassificationHead" etc.) and runs in float32 (its own dtype policy), whatever the encoder's
 mixed-precision policy: logits and losses stay accurate, and the extra cost is
 small because the heads see only [CLS], the masked positions, or one
 projection per position.
@@ -45,6 +46,7 @@ def _truncated_normal(stddev):
     return keras.initializers.TruncatedNormal(stddev=stddev)
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class OutputProjection(keras.layers.Layer):
     """logits = x @ output_weights^T + output_bias, weights stored [units, H].
 
@@ -89,6 +91,7 @@ def gather_positions(sequence, positions):
     return ops.reshape(gathered, (batch, ops.shape(positions)[1], hidden))  # [B, P, H]
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class MaskedLMHead(keras.layers.Layer):
     """Masked-LM logits at the masked positions only.
 
@@ -154,6 +157,7 @@ class MaskedLMHead(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class NextSentenceHead(keras.layers.Layer):
     """2-way classifier on the pooled output; label 0 = IsNext, 1 = random next."""
 
@@ -177,6 +181,7 @@ class NextSentenceHead(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class ClassificationHead(keras.layers.Layer):
     """Dropout on the pooled output, then a dense layer to `num_labels` (1 = regression)."""
 
@@ -217,6 +222,7 @@ class ClassificationHead(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class SpanHead(keras.layers.Layer):
     """A dense layer to 2 on every position: start and end logits (SQuAD)."""
 
@@ -241,6 +247,7 @@ class SpanHead(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class MultipleChoiceHead(keras.layers.Layer):
     """One score per (context, choice) from its pooled output; softmax is over the choices."""
 
@@ -282,6 +289,7 @@ class MultipleChoiceHead(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class TokenTaggingHead(ClassificationHead):
     """Dropout then a dense layer to `num_labels` on every position (NER):
     sequence_output [B, S, H] -> float32 logits [B, S, L]. The classification head's

@@ -108,6 +108,7 @@ def _tied(table):
     return (tf.identity(table), tf.identity(table)), grad
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class BertPretrainer(keras.Model):
     """`BertPretrainer(config)(features, training=...)` -> dict of float32 scalars.
 
@@ -194,3 +195,8 @@ class BertPretrainer(keras.Model):
             use_next_sentence_prediction=config["use_next_sentence_prediction"],
             name=config.get("name", "bert_pretrainer"),
         )
+            "encoder": keras.saving.serialize_keras_object(self.encoder),
+            "skip_padding": self.skip_padding,
+        encoder = config.get("encoder")
+            encoder=keras.saving.deserialize_keras_object(encoder) if encoder is not None else None,
+            skip_padding=config.get("skip_padding", True),

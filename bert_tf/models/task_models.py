@@ -10,6 +10,11 @@ the encoder's packed inputs (`sequence_ids`, `position_ids` instead of
 choice then score every example of a row at its own [CLS] ([B, K, L], [B, K, C]);
 the tagger needs nothing more (its logits are per token). Each example's logits
 are its unpacked ones.
+
+Every model saves as Keras does (`model.save("x.keras")`, `keras.models.load_model`):
+its config nests its encoder's (`keras.saving.serialize_keras_object`) and the
+weights follow. `from_pretrained(path, ...)` builds one on the encoder of an
+original, Hugging Face or bert_tf checkpoint (bert_tf.pretrained).
 """
 
 from __future__ import annotations
@@ -19,6 +24,34 @@ from keras import ops
 
 from bert_tf.models.encoder import INPUT_NAMES, PACKED_INPUT_NAMES, BertEncoder
 from bert_tf.models.heads import ClassificationHead, MultipleChoiceHead, SpanHead, TokenTaggingHead
+
+
+class _EncoderModel:
+    """get_config / from_config / from_pretrained of a model built as cls(encoder, **fields): the config holds
+    the encoder's serialized config, the model's name and its `_CONFIG_FIELDS`. A mixin placed before
+    keras.Model in the bases (Keras' own get_config of a subclassed model cannot serialize an encoder)."""
+
+    _CONFIG_FIELDS: tuple = ()
+
+    def get_config(self):
+        config = {"encoder": keras.saving.serialize_keras_object(self.encoder), "name": self.name}
+        config.update({field: getattr(self, field) for field in self._CONFIG_FIELDS})
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
+        return cls(encoder, **config)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs):
+        """This model on the pretrained encoder (and any heads the checkpoint has) at `path`: an original
+        TF1 checkpoint, a Hugging Face folder or .safetensors file, or a bert_tf model dir.
+        bert_tf.pretrained.from_pretrained; `kwargs` are the model's (num_labels=3, ...) and its own."""
+        from bert_tf.pretrained import from_pretrained
+
+        return from_pretrained(cls, path, **kwargs)
 
 
 class _PooledModel(keras.Model):
@@ -41,8 +74,11 @@ class _PooledModel(keras.Model):
         return self.encoder.pooler(outputs["position_output"])  # [B, K, H]
 
 
-class BertClassifier(_PooledModel):
+@keras.saving.register_keras_serializable(package="bert_tf")
+class BertClassifier(_EncoderModel, _PooledModel):
     """Sentence(-pair) classification; `num_labels=1` is regression (STS-B). -> logits [B, L]."""
+
+    _CONFIG_FIELDS = ("num_labels", "skip_padding")
 
     def __init__(self, encoder: BertEncoder, num_labels: int, name: str = "bert_classifier",
                  skip_padding: bool = True, **kwargs):
@@ -50,6 +86,7 @@ class BertClassifier(_PooledModel):
         self.num_labels = num_labels
         self.head = ClassificationHead(num_labels, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
+        self.built = True  # every variable exists: no call is needed before saving
 
     def call(self, inputs, training=False):
         pooled = self.pooled_output(inputs, training=training)  # [B, H] or packed [B, K, H]
@@ -60,7 +97,8 @@ class BertClassifier(_PooledModel):
         return ops.reshape(logits, (rows, slots, self.num_labels))
 
 
-class BertSpanLabeler(keras.Model):
+@keras.saving.register_keras_serializable(package="bert_tf")
+class BertSpanLabeler(_EncoderModel, keras.Model):
     """Extractive QA (SQuAD). -> {"start_logits": [B, S], "end_logits": [B, S]}."""
 
     def __init__(self, encoder: BertEncoder, name: str = "bert_span_labeler", **kwargs):
@@ -68,14 +106,18 @@ class BertSpanLabeler(keras.Model):
         self.encoder = encoder
         self.head = SpanHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
+        self.built = True  # every variable exists: no call is needed before saving
 
     def call(self, inputs, training=False):
         start, end = self.head(self.encoder(inputs, training=training)["sequence_output"])
         return {"start_logits": start, "end_logits": end}
 
 
-class BertMultipleChoice(_PooledModel):
+@keras.saving.register_keras_serializable(package="bert_tf")
+class BertMultipleChoice(_EncoderModel, _PooledModel):
     """SWAG-style multiple choice: inputs int32 [B, C, S] -> logits [B, C] (softmax over C)."""
+
+    _CONFIG_FIELDS = ("num_choices", "skip_padding")
 
     def __init__(self, encoder: BertEncoder, num_choices: int, name: str = "bert_multiple_choice",
                  skip_padding: bool = True, **kwargs):
@@ -83,6 +125,7 @@ class BertMultipleChoice(_PooledModel):
         self.num_choices = num_choices
         self.head = MultipleChoiceHead(num_choices, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
+        self.built = True  # every variable exists: no call is needed before saving
 
     def call(self, inputs, training=False):
         seq_length = ops.shape(inputs["input_ids"])[-1]
@@ -102,8 +145,11 @@ class BertMultipleChoice(_PooledModel):
         return ops.reshape(logits, (-1, slots, self.num_choices))
 
 
-class BertTokenClassifier(keras.Model):
+@keras.saving.register_keras_serializable(package="bert_tf")
+class BertTokenClassifier(_EncoderModel, keras.Model):
     """Token tagging (NER). -> logits [B, S, L]."""
+
+    _CONFIG_FIELDS = ("num_labels",)
 
     def __init__(self, encoder: BertEncoder, num_labels: int, name: str = "bert_token_classifier", **kwargs):
         super().__init__(name=name, **kwargs)
@@ -111,6 +157,7 @@ class BertTokenClassifier(keras.Model):
         self.num_labels = num_labels
         self.head = TokenTaggingHead(num_labels, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()
+        self.built = True  # every variable exists: no call is needed before saving
 
     def call(self, inputs, training=False):
         return self.head(self.encoder(inputs, training=training)["sequence_output"], training=training)
