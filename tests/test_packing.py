@@ -187,11 +187,18 @@ def _handful(features):
     return {k: v[pick] for k, v in features.items()}
 
 
-def _loss_and_grads(model, batch, skip_padding):
+def _loss_and_grads(model, batch, skip_padding, jit_compile=False):
     model.skip_padding = skip_padding
-    with tf.GradientTape() as tape:
-        out = model(batch, training=False)
-    grads = tape.gradient(out["loss"], model.trainable_variables)
+
+    def run(batch):
+        with tf.GradientTape() as tape:
+            out = model(batch, training=False)
+        return out, tape.gradient(out["loss"], model.trainable_variables)
+
+    if jit_compile:
+        run = tf.function(run, jit_compile=True, autograph=False)
+        batch = {k: tf.constant(v) for k, v in batch.items()}
+    out, grads = run(batch)
     return {k: float(v) for k, v in out.items()}, [tf.convert_to_tensor(g).numpy() for g in grads]
 
 
@@ -200,10 +207,12 @@ def test_packed_losses_and_gradients_equal_unpacked(records):
     packed batch adds the same terms in another order (other matmul shapes, other rows); a sum of n
     terms in any order errs by at most n * eps of the terms' magnitude (conftest.float32_tolerance),
     with n = the real tokens and the magnitude taken as the largest gradient entry. Keys of other
-    sequences add exact zeros to attention (their softmax weight underflows to 0), so nothing else differs."""
+    sequences add exact zeros to attention (their softmax weight underflows to 0), so nothing else differs.
+
+    Two packings of the same instances: room for Q = P + K predictions per row, where the masked-LM
+    head runs on the batch's real predictions only (they fit in B * P slots), and Q = P, where they do
+    not fit in B * (Q - K) and the head runs on every slot (BertPretrainer._packed_masked_lm)."""
     unpacked = _handful(records["features"])
-    packed = packing.pack_features(unpacked, max_sequences_per_row=4)
-    assert len(packed["input_ids"]) < 12 and packed["sequence_ids"].max() >= 3
     model = BertPretrainer(_config(records["vocab_size"]))
     rng = np.random.default_rng(0)
     for v in model.weights:  # beyond init scale, so that attention and the pooler are far from linear
@@ -212,12 +221,19 @@ def test_packed_losses_and_gradients_equal_unpacked(records):
     tokens = int(unpacked["input_mask"].sum())
     scale = max(np.abs(g).max() for g in want_grads)
     assert want["next_sentence_loss"] > 0.1 and want["masked_lm_loss"] > 1.0 and scale > 1e-2
-    for skip in (False, True):
-        got, got_grads = _loss_and_grads(model, packed, skip_padding=skip)
-        for name in ("masked_lm_loss", "next_sentence_loss", "loss", "masked_lm_accuracy", "next_sentence_accuracy"):
-            assert abs(got[name] - want[name]) <= float32_tolerance(abs(want[name]), tokens), (skip, name)
-        for a, b, v in zip(got_grads, want_grads, model.trainable_variables, strict=True):
-            np.testing.assert_allclose(a, b, rtol=0, atol=float32_tolerance(scale, tokens), err_msg=v.path)
+    for room, compact in ((None, True), (PRED, False)):
+        packed = packing.pack_features(unpacked, max_sequences_per_row=4, max_predictions_per_row=room)
+        assert len(packed["input_ids"]) < 12 and packed["sequence_ids"].max() >= 3
+        rows, slots = packed["masked_lm_weights"].shape
+        capacity = rows * (slots - packed["cls_positions"].shape[1])
+        assert (np.count_nonzero(packed["masked_lm_weights"]) <= capacity) == compact
+        for skip, jit in ((False, False), (True, False), (False, True)):
+            got, got_grads = _loss_and_grads(model, packed, skip_padding=skip, jit_compile=jit)
+            for name in ("masked_lm_loss", "next_sentence_loss", "loss", "masked_lm_accuracy", "next_sentence_accuracy"):
+                assert abs(got[name] - want[name]) <= float32_tolerance(abs(want[name]), tokens), (room, skip, jit, name)
+            for a, b, v in zip(got_grads, want_grads, model.trainable_variables, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=float32_tolerance(scale, tokens),
+                                           err_msg=f"{v.path} {room} {skip} {jit}")
     # The packed model really reads each sequence on its own: unpacked positions change the loss.
     plain = dict(packed, position_ids=np.tile(np.arange(SEQ, dtype="int32"), (len(packed["input_ids"]), 1)))
     assert abs(float(model(plain)["loss"]) - want["loss"]) > 1e-3

@@ -149,6 +149,15 @@ class BertPretrainer(keras.Model):
     def logits(self, features, training=False):
         """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP),
         for packed rows [B, K, 2], one per sequence}."""
+        position_output, pooled, output_table = self._encode(features, training)
+        result = {"masked_lm_logits": self.masked_lm(position_output, None, output_table)}
+        if self.next_sentence is not None:
+            result["next_sentence_logits"] = self.next_sentence(pooled)
+        return result
+
+    def _encode(self, features, training):
+        """-> (the last block at masked_lm_positions [B, P, H], the pooler's output [B, H] (packed:
+        [B, K, H] at cls_positions), the tied masked-LM output table [V, H])."""
         # The last block runs only at [CLS] and the masked positions: nothing else reaches a loss.
         lookup_table, output_table = _tied(ops.cast(self.encoder.word_embeddings, self.encoder.compute_dtype))
         positions = features["masked_lm_positions"]  # [B, P]
@@ -163,20 +172,49 @@ class BertPretrainer(keras.Model):
         if packed:
             pooled = self.encoder.pooler(position_output[:, :num_cls])  # [B, K, H]
             position_output = position_output[:, num_cls:]  # [B, P, H]
-        result = {"masked_lm_logits": self.masked_lm(position_output, None, output_table)}
-        if self.next_sentence is not None:
-            result["next_sentence_logits"] = self.next_sentence(pooled)
-        return result
+        return position_output, pooled, output_table
+
+    def _packed_masked_lm(self, position_output, output_table, features):
+        """Packed rows' (masked_lm_loss, masked_lm_accuracy) from the last block at their Q prediction
+        slots [B, Q, H], with the vocabulary-wide part of the head on the real predictions only.
+
+        A packed row has room for Q = P + K predictions and fills about P of them (18.5 of 26 on the
+        KJV records at seq 128): the head's [N, V] logits over every slot were 60% of packing's
+        overhead there. The batch's real slots (weight != 0), moved to the front in order, fill
+        C = B * (Q - K) slots (B * P with the packer's default Q); a batch with more real slots than
+        that takes every slot. Dropped slots have weight 0, so the sums are the same terms."""
+        ids, weights = features["masked_lm_ids"], ops.cast(features["masked_lm_weights"], "float32")
+        batch, slots = weights.shape[0], weights.shape[1]
+        capacity = None if batch is None or slots is None else batch * (slots - features["cls_positions"].shape[1])
+        if capacity is None or not 0 < capacity < batch * slots:
+            return masked_lm_loss_and_accuracy(self.masked_lm(position_output, None, output_table), ids, weights)
+        hidden = ops.reshape(position_output, (1, batch * slots, ops.shape(position_output)[-1]))  # [1, B * Q, H]
+        ids, weights = ops.reshape(ids, (1, -1)), ops.reshape(weights, (1, -1))  # [1, B * Q]
+        real = ops.cast(ops.not_equal(weights, 0.0), "int32")
+        front = tf.argsort(1 - real, axis=-1, stable=True)[:, :capacity]  # [1, C]: real slots first, in order
+
+        def compact():
+            logits = self.masked_lm(tf.gather(hidden, front, batch_dims=1), None, output_table)  # [1, C, V]
+            return masked_lm_loss_and_accuracy(logits, tf.gather(ids, front, batch_dims=1),
+                                               tf.gather(weights, front, batch_dims=1))
+
+        def every_slot():
+            return masked_lm_loss_and_accuracy(self.masked_lm(hidden, None, output_table), ids, weights)
+
+        return tf.cond(ops.sum(real) <= capacity, compact, every_slot)
 
     def call(self, features, training=False):
-        logits = self.logits(features, training=training)
-        mlm_loss, mlm_accuracy = masked_lm_loss_and_accuracy(
-            logits["masked_lm_logits"], features["masked_lm_ids"], features["masked_lm_weights"]
-        )
+        position_output, pooled, output_table = self._encode(features, training)
+        if "sequence_ids" in features:
+            mlm_loss, mlm_accuracy = self._packed_masked_lm(position_output, output_table, features)
+        else:
+            mlm_loss, mlm_accuracy = masked_lm_loss_and_accuracy(
+                self.masked_lm(position_output, None, output_table), features["masked_lm_ids"],
+                features["masked_lm_weights"])
         result = {"loss": mlm_loss, "masked_lm_loss": mlm_loss, "masked_lm_accuracy": mlm_accuracy}
         if self.next_sentence is not None:
             nsp_loss, nsp_accuracy = next_sentence_loss_and_accuracy(
-                logits["next_sentence_logits"], features["next_sentence_labels"], features.get("next_sentence_weights")
+                self.next_sentence(pooled), features["next_sentence_labels"], features.get("next_sentence_weights")
             )
             result.update(loss=mlm_loss + nsp_loss, next_sentence_loss=nsp_loss, next_sentence_accuracy=nsp_accuracy)
         return result
@@ -185,18 +223,18 @@ class BertPretrainer(keras.Model):
         return {
             "config": self.config.to_dict(),
             "use_next_sentence_prediction": self.use_next_sentence_prediction,
+            "encoder": keras.saving.serialize_keras_object(self.encoder),
+            "skip_padding": self.skip_padding,
             "name": self.name,
         }
 
     @classmethod
     def from_config(cls, config):
+        encoder = config.get("encoder")
         return cls(
             BertConfig.from_dict(config["config"]),
             use_next_sentence_prediction=config["use_next_sentence_prediction"],
-            name=config.get("name", "bert_pretrainer"),
-        )
-            "encoder": keras.saving.serialize_keras_object(self.encoder),
-            "skip_padding": self.skip_padding,
-        encoder = config.get("encoder")
             encoder=keras.saving.deserialize_keras_object(encoder) if encoder is not None else None,
             skip_padding=config.get("skip_padding", True),
+            name=config.get("name", "bert_pretrainer"),
+        )
