@@ -9,10 +9,11 @@ Losses and metrics follow docs/reference.md §3 (the original run_pretraining.py
 
 Packed rows (PACKED_PRETRAINING_FEATURES, bert_tf/data/packing.py: several
 sequences per row) are recognised by their `sequence_ids` and handled in
-logits(): next-sentence is read at each sequence's `cls_positions` (the last
+_encode(): next-sentence is read at each sequence's `cls_positions` (the last
 block there, then the pooler) and averaged over real sequences
 (`next_sentence_weights`); masked-LM is averaged over the batch's masked tokens
-as before. The losses are the unpacked ones (tests/test_packing.py).
+as before, its vocabulary-wide logits computed for the real predictions only
+(call(), _packed_masked_lm). The losses are the unpacked ones (tests/test_packing.py).
 
 Dimensions: B batch, S sequence, P max predictions per sequence (per row when
 packed), K sequences per packed row, V vocab.
