@@ -16,6 +16,7 @@ from bert_tf.models import (
     BertTokenClassifier,
 )
 from bert_tf.models.feature_tagger import BiLSTMFeatureTagger
+from bert_tf.models.language_model import LeftToRightPretrainer
 
 TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                   max_position_embeddings=16, type_vocab_size=2)
@@ -53,6 +54,7 @@ MODELS = {
     "encoder": (lambda: BertEncoder(TINY), inputs, {}),
     "causal_encoder": (lambda: BertEncoder(TINY, causal=True), inputs, {"causal": True}),
     "pretrainer": (lambda: BertPretrainer(TINY, skip_padding=False), pretraining_features, {"skip_padding": False}),
+    "ltr_pretrainer": (lambda: LeftToRightPretrainer(TINY), pretraining_features, {}),
     "classifier": (lambda: BertClassifier(BertEncoder(TINY), num_labels=3, skip_padding=False), inputs,
                    {"num_labels": 3, "skip_padding": False}),
     "classifier_packed": (lambda: BertClassifier(BertEncoder(TINY), num_labels=2), packed_inputs,

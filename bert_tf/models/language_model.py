@@ -62,6 +62,7 @@ def next_token_loss(encoder: BertEncoder, head: MaskedLMHead, inputs, training=F
     return loss, accuracy, ops.sum(weights)
 
 
+@keras.saving.register_keras_serializable(package="bert_tf")
 class LeftToRightPretrainer(keras.Model):
     """`LeftToRightPretrainer(config)(features, training=...)` -> dict of float32 scalars.
 
@@ -85,6 +86,7 @@ class LeftToRightPretrainer(keras.Model):
             layer_norm_eps=config.layer_norm_eps,
         )
         self.masked_lm.build()
+        self.built = True  # variables exist: savable before a first call
 
     def call(self, features, training=False):
         input_ids = features["input_ids"]
@@ -96,8 +98,11 @@ class LeftToRightPretrainer(keras.Model):
         return {"loss": loss, "lm_loss": loss, "lm_accuracy": accuracy, "num_predictions": count}
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name}
+        return {"config": self.config.to_dict(), "encoder": keras.saving.serialize_keras_object(self.encoder),
+                "name": self.name}
 
     @classmethod
     def from_config(cls, config):
-        return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert_ltr_pretrainer"))
+        encoder = config.get("encoder")
+        return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert_ltr_pretrainer"),
+                   encoder=keras.saving.deserialize_keras_object(encoder) if encoder is not None else None)

@@ -146,6 +146,7 @@ class BertPretrainer(keras.Model):
             self.next_sentence.build()
         else:
             self.next_sentence = None
+        self.built = True  # variables exist: savable before a first call
 
     def logits(self, features, training=False):
         """-> {"masked_lm_logits": float32 [B, P, V], "next_sentence_logits": float32 [B, 2] (with NSP),
