@@ -180,22 +180,28 @@ def main():
             print(f"round {r + 1} {variant}: {res['real_tokens'] / res['wall']:.0f} real tokens/s "
                   f"(efficiency {res['real_tokens'] / res['slots']:.3f}, traces {res['traces']})", flush=True)
     best = {v: max(rs, key=lambda x: x["real_tokens"] / x["wall"]) for v, rs in results.items()}
+    # On a shared machine wall time also counts other processes' turns: the rates per CPU-second
+    # (the rounds' best) are the second reading of every ratio.
+    cpu_rate = {v: max(x["real_tokens"] / x["cpu"] for x in rs) for v, rs in results.items()}
     print(f"\n{args.mode}: BERT-{args.size}, seq {args.max_seq_length}, {args.batch_size} rows per step, {args.steps} timed steps, "
           f"best of {args.rounds} rounds")
-    print(f"{'variant':20s} {'real tok/s':>11s} {'CPU-s/1k real tok':>18s} {'efficiency':>10s} {'traces':>6s}")
+    print(f"{'variant':20s} {'real tok/s':>11s} {'real tok/CPU-s':>15s} {'efficiency':>10s} {'traces':>6s}")
     for v, res in best.items():
-        print(f"{v:20s} {res['real_tokens'] / res['wall']:11.0f} {1000 * res['cpu'] / res['real_tokens']:18.3f} "
+        print(f"{v:20s} {res['real_tokens'] / res['wall']:11.0f} {cpu_rate[v]:15.0f} "
               f"{res['real_tokens'] / res['slots']:10.3f} {res['traces']:6d}")
     if "packed-xla" in best and "padded-xla" in best:
         p, q = best["packed-xla"], best["padded-xla"]
         rate = (p["real_tokens"] / p["wall"]) / (q["real_tokens"] / q["wall"])
+        per_cpu = cpu_rate["packed-xla"] / cpu_rate["padded-xla"]
         gain = (p["real_tokens"] / p["slots"]) / (q["real_tokens"] / q["slots"])
-        print(f"packed / padded real-token rate {rate:.2f}x; efficiency gain {gain:.2f}x; target >= 0.9 x gain = "
-              f"{0.9 * gain:.2f}x: {'met' if rate >= 0.9 * gain else 'NOT met'}")
+        print(f"packed / padded real-token rate {rate:.2f}x (per CPU-second {per_cpu:.2f}x); efficiency gain "
+              f"{gain:.2f}x; target >= 0.9 x gain = {0.9 * gain:.2f}x: {'met' if rate >= 0.9 * gain else 'NOT met'} "
+              f"({'met' if per_cpu >= 0.9 * gain else 'NOT met'} per CPU-second)")
     if "packed-xla" in best and "padded-graph-skip" in best:
         p, c = best["packed-xla"], best["padded-graph-skip"]
         print(f"packed + XLA / CPU default (graph, skip_padding): "
-              f"{(p['real_tokens'] / p['wall']) / (c['real_tokens'] / c['wall']):.2f}x")
+              f"{(p['real_tokens'] / p['wall']) / (c['real_tokens'] / c['wall']):.2f}x "
+              f"(per CPU-second {cpu_rate['packed-xla'] / cpu_rate['padded-graph-skip']:.2f}x)")
 
 
 if __name__ == "__main__":
