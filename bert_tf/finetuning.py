@@ -51,7 +51,7 @@ class Pretrained:
     """
 
     config: BertConfig
-    vocab_file: str
+    vocab_file: Optional[str]  # None only where no vocab is needed (pretraining reads ids)
     init_checkpoint: Optional[str]
     fmt: Optional[str]
     do_lower_case: Optional[bool]
@@ -95,7 +95,7 @@ def _hf_lower_case(folder: str) -> Optional[bool]:
 
 
 def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optional[str] = None,
-                       vocab_file: Optional[str] = None) -> Pretrained:
+                       vocab_file: Optional[str] = None, require_vocab: bool = True) -> Pretrained:
     """Finds config, vocab and format for `init_checkpoint`, which may be:
 
     - an original TF1 prefix (`.../bert_model.ckpt`): needs `bert_config_file` unless a
@@ -141,9 +141,12 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
 
     if not vocab_file:
         candidate = model_dir.vocab_path(folder) if folder else None
-        if not candidate or not os.path.exists(candidate):
+        if candidate and os.path.exists(candidate):
+            vocab_file = candidate
+        elif require_vocab:
             raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
-        vocab_file = candidate
+        else:  # pretraining reads token ids from its records
+            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal)
     vocab_size = len(load_vocab(vocab_file))
     if vocab_size > config.vocab_size:
         raise FinetuneError(

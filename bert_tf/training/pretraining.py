@@ -223,7 +223,8 @@ def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str
     """(BertConfig, vocab file, do_lower_case, checkpoint path) for continuing from `init_checkpoint`.
 
     What is not given comes from the checkpoint's folder as for fine-tuning (bert_config.json or
-    config.json, vocab.txt, the recorded casing); a --do_lower_case that contradicts the recorded
+    config.json, vocab.txt, the recorded casing); without a vocab anywhere the vocab file is None
+    (the records hold token ids, as for the original); a --do_lower_case that contradicts the recorded
     casing is an error. Raises PretrainingError (one line).
     """
     from bert_tf.configs import ConfigError
@@ -231,7 +232,7 @@ def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str
     from bert_tf.tokenization import VocabError
 
     try:
-        pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file, require_vocab=False)
         if do_lower_case is not None:
             check_lower_case(pretrained, do_lower_case)
     except (FinetuneError, ConfigError, VocabError) as e:
