@@ -172,6 +172,15 @@ def check_remote_path_flags():
         fail(problem)
 
 
+def define_packing_flags(unit: str, default_constant: str, note: str = ""):
+    """--pack_sequences and --max_sequences_per_row, for pretraining (instances) and fine-tuning (examples)."""
+    flags.DEFINE_bool("pack_sequences", False, f"Pack several {unit} into each row of max_seq_length (attention "
+                      "within each, positions restarting): fixed shapes without most of the padding, for XLA on "
+                      f"TPU/GPU. Batch sizes then count rows.{' ' + note[0].upper() + note[1:] + '.' if note else ''}")
+    flags.DEFINE_integer("max_sequences_per_row", None, f"With --pack_sequences: the most {unit} in one row "
+                         f"(default: bert_tf.data.packing.{default_constant}).")
+
+
 def define_overwrite_flag():
     flags.DEFINE_bool("overwrite_output_dir", False, "Delete a previous run's checkpoints, summaries and model "
                       "files from --output_dir and start afresh (without it, a run resumes from them, and one "
@@ -224,12 +233,8 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
                       "example. Default: on, except on TPU, under XLA and with --pack_sequences (fixed shapes).")
-    flags.DEFINE_bool("pack_sequences", False, "Pack several examples into each row of max_seq_length (attention "
-                      "within each, positions restarting; predictions come back one per example in input order): "
-                      "fixed shapes without most of the padding, for XLA on TPU/GPU. Batch sizes then count rows. "
-                      "Not for SQuAD.")
-    flags.DEFINE_integer("max_sequences_per_row", None, "With --pack_sequences: the most examples in one row "
-                         "(default: bert_tf.data.packing.FINETUNE_MAX_SEQUENCES_PER_ROW).")
+    define_packing_flags("examples", "FINETUNE_MAX_SEQUENCES_PER_ROW", "predictions come back one per example "
+                         "in input order; not for SQuAD")
     flags.DEFINE_string("export_dir", None, "At the end, export the model of --output_dir (its latest checkpoint) "
                         "as a SavedModel that serves raw text, to this new or empty folder (TF Serving: "
                         "<models>/<name>/<version>). For <output_dir>/best use export_savedmodel.py.")

@@ -67,11 +67,7 @@ flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copie
                     "create_vocab.py --extend_vocab from the checkpoint's: new tokens start from their old pieces.")
 flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json "
                   "(default with --init_checkpoint: the casing it records).")
-flags.DEFINE_bool("pack_sequences", False, "Pack several instances into each row of max_seq_length (attention "
-                  "within each, positions restarting): static shapes without most of the padding, for XLA on "
-                  "TPU/GPU. Batch sizes then count packed rows.")
-flags.DEFINE_integer("max_sequences_per_row", None, "With --pack_sequences: the most instances in one row "
-                     "(default: bert_tf.data.packing.MAX_SEQUENCES_PER_ROW).")
+bert_flags.define_packing_flags("instances", "MAX_SEQUENCES_PER_ROW")
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
