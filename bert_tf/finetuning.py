@@ -241,7 +241,7 @@ class Predictor:
                  jit_compile: bool = False, strategy: Optional[tf.distribute.Strategy] = None):
         self.sequence_outputs = sequence_outputs
         self.dynamic_padding = dynamic_padding
-        if strategy is not None and strategy.extended._in_multi_worker_mode():
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             strategy = None
         self.strategy = strategy
 

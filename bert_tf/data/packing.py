@@ -278,10 +278,9 @@ class PackedExamples:
              offset[i] .. offset[i] + length[i] - 1 of the row (of each of its choice rows)
     """
 
-    def __init__(self, arrays, row, slot, offset, length, grouped: bool):
+    def __init__(self, arrays, row, slot, offset, length):
         self.arrays = arrays
         self.row, self.slot, self.offset, self.length = row, slot, offset, length
-        self.grouped = grouped
 
     @property
     def num_rows(self) -> int:
@@ -363,4 +362,4 @@ def pack_examples(arrays: Dict[str, np.ndarray], max_sequences_per_row: int = FI
             grid = np.zeros((rows, max_sequences_per_row) + values.shape[1:], values.dtype)
             grid[row, slot] = values
             out[name] = grid
-    return PackedExamples(out, row.astype(np.int64), slot.astype(np.int64), offset, length, grouped)
+    return PackedExamples(out, row.astype(np.int64), slot.astype(np.int64), offset, length)
