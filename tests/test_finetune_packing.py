@@ -100,29 +100,37 @@ def test_multiple_choice_groups_keep_an_example_in_one_slot_of_every_choice_row(
             assert (rows["sequence_ids"][r, c, o:o + n] == k + 1).all()
 
 
-def _grads(model, loss_fn, batch):
-    with tf.GradientTape() as tape:
-        loss, metrics = loss_fn(model, batch, training=False)
-    return loss, metrics, tape.gradient(loss, model.trainable_variables)
+def _grads(model, loss_fn, batch, mode="eager"):
+    """mode: "eager", "graph" (tf.function: the runners' CPU default) or "xla" (jit_compile)."""
+    def run(batch):
+        with tf.GradientTape() as tape:
+            loss, metrics = loss_fn(model, batch, training=False)
+        return loss, metrics, tape.gradient(loss, model.trainable_variables)
+
+    if mode != "eager":
+        run = tf.function(run, jit_compile=mode == "xla", autograph=False)
+    return run(batch)
 
 
 def _assert_same_loss_and_grads(model, loss_fn, unpacked, packed, unused=0):
-    """`unused`: variables the loss does not reach (a tagger's pooler), without a gradient either way."""
+    """Packed = unpacked (eager) in eager, graph and XLA modes. `unused`: variables the loss does not
+    reach (a tagger's pooler), without a gradient either way."""
     loss_u, metrics_u, grads_u = _grads(model, loss_fn, unpacked)
-    loss_p, metrics_p, grads_p = _grads(model, loss_fn, packed)
-    assert abs(float(loss_u) - float(loss_p)) <= TOLERANCE
-    for name, (value, weight) in metrics_u.items():
-        assert float(weight) == float(metrics_p[name][1])
-        assert abs(float(value) - float(metrics_p[name][0])) <= TOLERANCE
-    compared = 0
-    for g_u, g_p in zip(grads_u, grads_p, strict=True):
-        if g_u is None:
-            assert g_p is None
-            continue
-        g_u, g_p = tf.convert_to_tensor(g_u).numpy(), tf.convert_to_tensor(g_p).numpy()
-        np.testing.assert_allclose(g_p, g_u, atol=TOLERANCE * max(1.0, np.abs(g_u).max()))
-        compared += 1
-    assert compared == len(model.trainable_variables) - unused
+    for mode in ("eager", "graph", "xla"):
+        loss_p, metrics_p, grads_p = _grads(model, loss_fn, packed, mode)
+        assert abs(float(loss_u) - float(loss_p)) <= TOLERANCE, mode
+        for name, (value, weight) in metrics_u.items():
+            assert float(weight) == float(metrics_p[name][1]), (mode, name)
+            assert abs(float(value) - float(metrics_p[name][0])) <= TOLERANCE, (mode, name)
+        compared = 0
+        for g_u, g_p in zip(grads_u, grads_p, strict=True):
+            if g_u is None:
+                assert g_p is None
+                continue
+            g_u, g_p = tf.convert_to_tensor(g_u).numpy(), tf.convert_to_tensor(g_p).numpy()
+            np.testing.assert_allclose(g_p, g_u, atol=TOLERANCE * max(1.0, np.abs(g_u).max()), err_msg=mode)
+            compared += 1
+        assert compared == len(model.trainable_variables) - unused, mode
 
 
 @pytest.mark.parametrize("skip_padding, num_labels", [(False, LABELS), (True, LABELS), (False, 1)])

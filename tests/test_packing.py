@@ -187,7 +187,8 @@ def _handful(features):
     return {k: v[pick] for k, v in features.items()}
 
 
-def _loss_and_grads(model, batch, skip_padding, jit_compile=False):
+def _loss_and_grads(model, batch, skip_padding, mode="eager"):
+    """mode: "eager", "graph" (tf.function, the CPU default of the runners) or "xla" (jit_compile)."""
     model.skip_padding = skip_padding
 
     def run(batch):
@@ -195,8 +196,8 @@ def _loss_and_grads(model, batch, skip_padding, jit_compile=False):
             out = model(batch, training=False)
         return out, tape.gradient(out["loss"], model.trainable_variables)
 
-    if jit_compile:
-        run = tf.function(run, jit_compile=True, autograph=False)
+    if mode != "eager":
+        run = tf.function(run, jit_compile=mode == "xla", autograph=False)
         batch = {k: tf.constant(v) for k, v in batch.items()}
     out, grads = run(batch)
     return {k: float(v) for k, v in out.items()}, [tf.convert_to_tensor(g).numpy() for g in grads]
@@ -227,13 +228,13 @@ def test_packed_losses_and_gradients_equal_unpacked(records):
         rows, slots = packed["masked_lm_weights"].shape
         capacity = rows * (slots - packed["cls_positions"].shape[1])
         assert (np.count_nonzero(packed["masked_lm_weights"]) <= capacity) == compact
-        for skip, jit in ((False, False), (True, False), (False, True)):
-            got, got_grads = _loss_and_grads(model, packed, skip_padding=skip, jit_compile=jit)
+        for skip, mode in ((False, "eager"), (True, "eager"), (True, "graph"), (False, "graph"), (False, "xla")):
+            got, got_grads = _loss_and_grads(model, packed, skip_padding=skip, mode=mode)
             for name in ("masked_lm_loss", "next_sentence_loss", "loss", "masked_lm_accuracy", "next_sentence_accuracy"):
-                assert abs(got[name] - want[name]) <= float32_tolerance(abs(want[name]), tokens), (room, skip, jit, name)
+                assert abs(got[name] - want[name]) <= float32_tolerance(abs(want[name]), tokens), (room, skip, mode, name)
             for a, b, v in zip(got_grads, want_grads, model.trainable_variables, strict=True):
                 np.testing.assert_allclose(a, b, rtol=0, atol=float32_tolerance(scale, tokens),
-                                           err_msg=f"{v.path} {room} {skip} {jit}")
+                                           err_msg=f"{v.path} {room} {skip} {mode}")
     # The packed model really reads each sequence on its own: unpacked positions change the loss.
     plain = dict(packed, position_ids=np.tile(np.arange(SEQ, dtype="int32"), (len(packed["input_ids"]), 1)))
     assert abs(float(model(plain)["loss"]) - want["loss"]) > 1e-3

@@ -136,10 +136,19 @@ class MaskedLMHead(keras.layers.Layer):
         """sequence_output [B, S, H], masked_lm_positions int [B, P], embedding_table [V, H]
         -> float32 logits [B, P, V]. With masked_lm_positions None, sequence_output
         is already the [B, P, H] hidden states at the masked positions."""
+        return self.vocab_logits(self.transform_states(sequence_output, masked_lm_positions), embedding_table)
+
+    def transform_states(self, sequence_output, masked_lm_positions=None):
+        """The head's first half: [B, S, H] (at masked_lm_positions [B, P], or all of them when None)
+        -> transform + LayerNorm [B, P, H]."""
         x = ops.cast(sequence_output, self.compute_dtype)
         if masked_lm_positions is not None:
             x = gather_positions(x, masked_lm_positions)  # [B, P, H]
-        x = self.layer_norm(self.transform(x))
+        return self.layer_norm(self.transform(x))
+
+    def vocab_logits(self, x, embedding_table):
+        """The head's second half: transformed states [B, P, H] -> float32 logits [B, P, V] against the
+        tied table [V, H] plus output_bias (the vocabulary-wide part: most of the head's cost)."""
         table = ops.cast(embedding_table, self.compute_dtype)  # [V, H]
         shape = ops.shape(x)
         logits = _logits_of_table(ops.reshape(x, (-1, shape[-1])), table)  # [B * P, V]

@@ -191,17 +191,21 @@ class BertPretrainer(keras.Model):
         if capacity is None or not 0 < capacity < batch * slots:
             return masked_lm_loss_and_accuracy(self.masked_lm(position_output, None, output_table), ids, weights)
         hidden = ops.reshape(position_output, (1, batch * slots, ops.shape(position_output)[-1]))  # [1, B * Q, H]
+        # The transform (H x H, a few % of the head) runs on every slot, outside the cond: its LayerNorm's
+        # custom gradient keeps forward tensors that a cond branch cannot hand to the gradient in graph
+        # mode ("Could not find external tensor capture"); only the [N, V] projection is in the branches.
+        hidden = self.masked_lm.transform_states(hidden)  # [1, B * Q, H]
         ids, weights = ops.reshape(ids, (1, -1)), ops.reshape(weights, (1, -1))  # [1, B * Q]
         real = ops.cast(ops.not_equal(weights, 0.0), "int32")
         front = tf.argsort(1 - real, axis=-1, stable=True)[:, :capacity]  # [1, C]: real slots first, in order
 
         def compact():
-            logits = self.masked_lm(tf.gather(hidden, front, batch_dims=1), None, output_table)  # [1, C, V]
+            logits = self.masked_lm.vocab_logits(tf.gather(hidden, front, batch_dims=1), output_table)  # [1, C, V]
             return masked_lm_loss_and_accuracy(logits, tf.gather(ids, front, batch_dims=1),
                                                tf.gather(weights, front, batch_dims=1))
 
         def every_slot():
-            return masked_lm_loss_and_accuracy(self.masked_lm(hidden, None, output_table), ids, weights)
+            return masked_lm_loss_and_accuracy(self.masked_lm.vocab_logits(hidden, output_table), ids, weights)
 
         return tf.cond(ops.sum(real) <= capacity, compact, every_slot)
 
