@@ -112,7 +112,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     folder = None
     if init_checkpoint:
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
-            latest = tf.train.latest_checkpoint(init_checkpoint)
+            latest = model_dir.latest_checkpoint(init_checkpoint)
             if latest is None:
                 raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
                                     "no model.safetensors)")

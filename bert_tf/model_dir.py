@@ -13,6 +13,7 @@ TASK_MODELS is the one map from a task_type to the model it names (docs/design.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +28,6 @@ VOCAB_FILE = "vocab.txt"
 SIDE_FILES = (CONFIG_FILE, VOCAB_FILE, RUN_INFO_FILE)
 CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: <model_dir>/ckpt-<step>
 BEST_DIR = "best"
-_CHECKPOINT_INDEX = re.compile(rf"{CHECKPOINT_NAME}-(\d+)\.index")
 
 
 class ModelDirError(ValueError):
@@ -54,32 +54,73 @@ def checkpoint_step(path: str) -> Optional[int]:
 
 
 def checkpoint_candidates(model_dir: str) -> List[str]:
-    """Checkpoint prefixes of model_dir, newest step first: the ones the state file lists and
-    any `ckpt-<step>.index` beside them (a save whose state update was cut off)."""
-    steps = {}
-    state = tf.train.get_checkpoint_state(model_dir)
-    paths = list(state.all_model_checkpoint_paths) if state else []
-    paths += [p[: -len(".index")] for p in tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*.index"))]
-    for path in paths:
-        path = path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
-        step = checkpoint_step(path)
-        if step is not None:
-            steps[step] = path
-    return [steps[k] for k in sorted(steps, reverse=True)]
+    """Checkpoint prefixes of model_dir, newest step first: the steps the state file lists and any
+    `ckpt-<step>.index` beside them (a save whose state update was cut off).
+
+    Every prefix is built here as `<model_dir>/ckpt-<step>`, the one place a checkpoint path is made:
+    TensorFlow returns the state file's entries already joined with the directory it was given
+    (relative when that was relative), or absolute where the folder was written before a move; only
+    the step is taken from them, so `name`, `./name`, `name/`, `../x/name`, a symlink, an absolute
+    path and `gs://bucket/name` all give prefixes that open from the current directory."""
+    paths = []
+    with contextlib.suppress(tf.errors.OpError):  # an unreadable state file: the .index files still count
+        state = tf.train.get_checkpoint_state(model_dir)
+        paths += list(state.all_model_checkpoint_paths) if state else []
+    paths += tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*.index"))
+    steps = {checkpoint_step(p[: -len(".index")] if p.endswith(".index") else p) for p in paths}
+    return [checkpoint_prefix(model_dir, step) for step in sorted(steps - {None}, reverse=True)]
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:
-    """The newest `ckpt-<step>` prefix (the `checkpoint` state file first, else the highest step), or None."""
-    latest = tf.train.latest_checkpoint(model_dir)
-    if latest:
-        return latest
-    steps = [int(m.group(1)) for name in tf.io.gfile.listdir(model_dir)
-             if (m := _CHECKPOINT_INDEX.fullmatch(name))] if tf.io.gfile.isdir(model_dir) else []
-    return checkpoint_prefix(model_dir, max(steps)) if steps else None
+    """The newest `ckpt-<step>` prefix of model_dir whose index file exists, or None."""
+    for path in checkpoint_candidates(model_dir) if tf.io.gfile.isdir(model_dir) else []:
+        if tf.io.gfile.exists(path + ".index"):
+            return path
+    return None
 
 
 def has_checkpoint(model_dir: str) -> bool:
-    return tf.train.latest_checkpoint(model_dir) is not None
+    return latest_checkpoint(model_dir) is not None
+
+
+def remove_partial_saves(model_dir: str) -> List[str]:
+    """Deletes the `ckpt-<step>_temp*` folders that a save killed midway leaves (tf.train.Checkpoint
+    writes there, then renames); a complete checkpoint is never touched. Returns what was removed."""
+    removed = []
+    for path in tf.io.gfile.glob(os.path.join(model_dir, f"{CHECKPOINT_NAME}-*_temp*")):
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
+        removed.append(path)
+    return removed
+
+
+# What a failed restore was, for its message: only a mismatch means "another model".
+RESTORE_MISSING, RESTORE_CORRUPT, RESTORE_MISMATCH = "missing files", "unreadable or corrupt data", "does not match the model"
+_INCOMPATIBLE = re.compile(r"incompatible tensor with shape (\S+) when attempting to restore variable with shape "
+                           r"(\S+) and name (\S+?)(?::\d+)?\.?$", re.S)
+_UNBOUND = re.compile(r"<Variable path=([^,]+), shape=(\([^)]*\))")
+
+
+def describe_restore_error(error: BaseException) -> Tuple[str, str]:
+    """(kind, one-line detail) of an exception raised restoring a checkpoint: RESTORE_MISSING (files not
+    there), RESTORE_CORRUPT (there but unreadable: truncated, bad checksum, not a checkpoint) or
+    RESTORE_MISMATCH (read fine, but a variable's shape differs or the model has a variable the
+    checkpoint lacks: the first such variable is named with both shapes)."""
+    text = " ".join(str(error).split())
+    if isinstance(error, ValueError) and (m := _INCOMPATIBLE.search(text)):
+        return RESTORE_MISMATCH, f"{m.group(3)} has shape {m.group(1)} in the checkpoint, {m.group(2)} in the model"
+    if isinstance(error, AssertionError):
+        m = _UNBOUND.search(text)
+        what = f"{m.group(1)} {m.group(2)}" if m else text[:200]
+        return RESTORE_MISMATCH, f"the model's {what} has no value in the checkpoint"
+    if isinstance(error, tf.errors.NotFoundError) or "Failed to find any matching files" in text:
+        return RESTORE_MISSING, "its files are not there"
+    if isinstance(error, (tf.errors.OpError, IndexError)):
+        detail = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text)
+        return RESTORE_CORRUPT, re.sub(r"\s*\[Op:\w+\].*$", "", detail)[:200]
+    return RESTORE_MISMATCH, text[:200]
 
 
 # ------------------------------------------------------------------ side files
@@ -258,7 +299,9 @@ def restore(model_dir: str, checkpoint: Optional[str] = None):
         status = tf.train.Checkpoint(model=model).read(path)
         status.expect_partial()
         status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as e:
-        first = str(e).strip().splitlines()[0][:300]
-        raise ModelDirError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({first})") from None
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as e:
+        kind, detail = describe_restore_error(e)
+        if kind == RESTORE_MISMATCH:
+            raise ModelDirError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({detail})") from None
+        raise ModelDirError(f"{path}: cannot be read, {kind} ({detail})") from None
     return model

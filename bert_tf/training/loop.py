@@ -262,6 +262,12 @@ class Trainer:
         if self.loss_scale is not None:
             self._checkpoint_items["loss_scale"] = self.loss_scale
         self._init_fn = init_fn
+        # What input the checkpoints' position belongs to (Trainer.input_signature): a resumed run with
+        # other records (phase 2 of pretraining at another seq length, other files, batch size or
+        # packing) starts its input from the beginning instead of restoring another pipeline's state.
+        with tf.device("/cpu:0"):
+            self._input_signature = tf.Variable("", dtype=tf.string, trainable=False, name="input_signature")
+        self._live_input = None  # (dataset_fn, signature, iterator, step): the input kept between train() calls
         # No autograph inside a step: converting the model, loss and optimizer code costs
         # seconds of tracing and they have no tensor-dependent Python control flow
         # (a loss_fn that needs some uses tf.cond / keras.ops.cond).
@@ -355,7 +361,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _manager(self, iterator=None):
-        items = dict(self._checkpoint_items)
+        items = dict(self._checkpoint_items, input_signature=self._input_signature)
         if iterator is not None:
             items["train_iterator"] = iterator
         checkpoint = tf.train.Checkpoint(**items)
@@ -366,32 +372,46 @@ class Trainer:
             directory = os.path.join(directory, f".worker_{task}_tmp")
         return tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self.settings.keep_checkpoint_max)
 
-    def restore(self, manager=None) -> Optional[str]:
-        """Restores the newest complete checkpoint of model_dir (model, optimizer, step[, input position]);
-        on a fresh model_dir runs `init_fn`. Returns the restored path or None.
+    def restore(self) -> Optional[str]:
+        """Restores the newest complete checkpoint of model_dir (model, optimizer, step and the input
+        signature it was trained on; the input position is train()'s business); on a fresh model_dir
+        runs `init_fn`. Returns the restored path or None.
 
         A checkpoint that cannot be read (cut short by a kill or a full disk, a file missing, the
         state file naming a checkpoint that is gone) is skipped with a warning and the next older
         one is tried, so a run never resumes from a damaged checkpoint nor silently starts over.
-        Raises CheckpointRestoreError when checkpoints exist but none can be restored (e.g. they
-        belong to a model of another size)."""
-        manager = manager or self._manager()
-        candidates = model_dir_lib.checkpoint_candidates(self.model_dir)
+        Raises CheckpointRestoreError when checkpoints exist but none can be restored, saying whether
+        their files are missing, unreadable, or belong to another model (the first variable that
+        differs, with both shapes)."""
+        checkpoint = tf.train.Checkpoint(**self._checkpoint_items)
+        self._input_signature.assign("")
+        if self.is_chief:
+            leftovers = model_dir_lib.remove_partial_saves(self.model_dir)
+            if leftovers:
+                logger.info("removed %d partial checkpoint save(s) of a killed run: %s", len(leftovers),
+                            ", ".join(os.path.basename(p) for p in leftovers))
         problems = []
-        for path in candidates:
+        for path in model_dir_lib.checkpoint_candidates(self.model_dir):
             try:
-                status = manager.checkpoint.restore(path)
+                status = checkpoint.restore(path)
                 status.assert_existing_objects_matched()
+                # Written since the input signature exists; an older checkpoint leaves it "" (unknown).
+                tf.train.Checkpoint(input_signature=self._input_signature).read(path).expect_partial()
             except (tf.errors.OpError, ValueError, IndexError, AssertionError) as e:
-                problems.append(f"{os.path.basename(path)}: {_first_line(e)}")
-                logger.warning("cannot restore %s (%s); trying an older checkpoint", path, _first_line(e))
+                kind, detail = model_dir_lib.describe_restore_error(e)
+                problems.append((kind, f"{os.path.basename(path)}: {kind}: {detail}"))
+                logger.warning("cannot restore %s (%s: %s); trying an older checkpoint", path, kind, detail)
                 continue
             logger.info("resumed from %s at step %d", path, int(self.global_step.numpy()))
             return path
         if problems:
+            if {kind for kind, _ in problems} == {model_dir_lib.RESTORE_MISMATCH}:
+                what, advice = " into this model", "; use another output_dir for a different model"
+            else:
+                what, advice = "", "; check that its files are complete and readable, or move the damaged ones away"
             raise CheckpointRestoreError(
-                f"{self.model_dir}: none of its {len(problems)} checkpoint(s) can be restored into this "
-                f"model ({problems[0]}); use another output_dir for a different model"
+                f"{self.model_dir}: none of its {len(problems)} checkpoint(s) can be restored{what} "
+                f"({problems[0][1]}){advice}"
             )
         if self._init_fn is not None:
             self._init_fn(self.model)
@@ -463,13 +483,15 @@ class Trainer:
             logger.warning("cannot write the run's text summaries to %s (%s)", kind, _first_line(e))
 
     # ------------------------------------------------------------------ public API
-    def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1):
-        """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, grouped in
-        `micro_batches` if > 1. Under OneDeviceStrategy it is a plain dataset, whose
-        iterator can be checkpointed (tf.distribute's iterators cannot)."""
+    def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0):
+        """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, its first `skip_batches`
+        batches dropped, grouped in `micro_batches` if > 1. Under OneDeviceStrategy it is a plain
+        dataset, whose iterator can be checkpointed (tf.distribute's iterators cannot)."""
 
         def per_replica(ctx):
             ds = dataset_fn(ctx, batch_size_per_replica)
+            if skip_batches:
+                ds = ds.skip(skip_batches)
             if micro_batches > 1:
                 ds = ds.batch(micro_batches, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
             return ds
@@ -509,23 +531,26 @@ class Trainer:
         logger.info(text)
         return text
 
-    def train(self, dataset_fn) -> Dict[str, float]:
+    def train(self, dataset_fn, input_id: str = "", before_first_save: Optional[Callable[[], None]] = None
+              ) -> Dict[str, float]:
         """Trains until `train_steps`, resuming from model_dir. Returns the last loop's metrics.
+
+        input_id: names the data (e.g. its files) for the input signature, beside the batches' shapes;
+          a checkpoint trained on another signature resumes weights, optimizer and step, not the position.
+        before_first_save: called once before this call's first checkpoint (side files a model_dir
+          needs), so a run that fails before it proves it trains writes nothing into model_dir.
 
         Raises NonFiniteLossError (nothing saved) or TrainingPreempted (after saving).
         """
         c = self.settings
         replicas = self.strategy.num_replicas_in_sync
         per_replica = self.global_batch_size // (replicas * c.num_micro_batches)
-        dist = self.distribute(dataset_fn, per_replica, c.num_micro_batches)
-        iterator = iter(dist)
         # The spec of one micro-batch (building the pipeline reads no data).
-        self._discover_metrics(dataset_fn(tf.distribute.InputContext(), per_replica).element_spec)
-        manager = self._manager(iterator if self._can_checkpoint_iterator() else None)
-        if not self._can_checkpoint_iterator():
-            logger.info("input position is not checkpointed under %s: a resumed run restarts the input",
-                        type(self.strategy).__name__)
-        self.restore(manager)
+        spec = dataset_fn(tf.distribute.InputContext(), per_replica).element_spec
+        self._discover_metrics(spec)
+        signature = input_signature(spec, per_replica, c.num_micro_batches, replicas, input_id)
+        restored = self.restore()
+        iterator, manager = self._resume_input(dataset_fn, per_replica, signature, restored)
         self._report_run(TRAIN_DIR)
         if "train" not in self._train_loops:
             self._train_loops["train"] = self._make_train_loop()
@@ -571,6 +596,11 @@ class Trainer:
                     " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss"),
                     lr, summary["gradient_norm"], examples_per_sec, _format_eta(eta),
                 )
+                self._live_input = (dataset_fn, signature, iterator, step)
+                if step % c.save_checkpoints_steps == 0 or step == self.train_steps or self._preempted:
+                    if before_first_save is not None:
+                        before_first_save()
+                        before_first_save = None
                 if step % c.save_checkpoints_steps == 0 or step == self.train_steps:
                     self._save(manager)
                     last_saved = step
@@ -585,7 +615,7 @@ class Trainer:
             raise WorkerLostError(
                 f"a worker of the multi-worker cluster is gone at step {step} ({type(e).__name__}: "
                 f"{_peer_detail(e)}); restart every worker with the same command to resume "
-                f"from {tf.train.latest_checkpoint(self.model_dir) or 'the start'}"
+                f"from {model_dir_lib.latest_checkpoint(self.model_dir) or 'the start'}"
             ) from None
         finally:
             self._restore_sigterm(previous_handler)
@@ -628,6 +658,58 @@ class Trainer:
                     " ".join(f"{k} {v:.4f}" for k, v in sorted(results.items()) if k != "global_step"))
         return results
 
+    # ------------------------------------------------------------------ input position
+    def _resume_input(self, dataset_fn, per_replica: int, signature: str, restored: Optional[str]):
+        """(iterator, checkpoint manager) for train(), positioned where the restored checkpoint's input
+        stopped (docs/reliability.md, rule 3):
+        - the same input in the same process: the iterator the last train() call left;
+        - the same input after a restart: one device restores the saved tf.data position; strategies
+          whose iterators cannot be saved (Mirrored, MultiWorker, TPU) skip the batches the restored
+          step consumed, so with a seed the batches follow on exactly and no example comes twice early;
+        - another input (two-phase pretraining: seq 128 then 512): weights, optimizer and step resume,
+          the new input starts at its beginning; one log line says which of these happened."""
+        c = self.settings
+        step = int(self.global_step.numpy())
+        old_signature = self._input_signature.numpy().decode("utf-8")
+        self._input_signature.assign(signature)
+        checkpointable = self._can_checkpoint_iterator()
+        live = self._live_input
+        if live is not None and live[0] is dataset_fn and live[1] == signature and live[3] == step:
+            return live[2], self._manager(live[2] if checkpointable else None)
+        same_input = restored is not None and old_signature == signature
+        skip = 0
+        if same_input and not checkpointable:
+            skip = step * c.num_micro_batches * max(1, self.strategy.num_replicas_in_sync //
+                                                   max(1, self._num_input_pipelines()))
+        iterator = iter(self.distribute(dataset_fn, per_replica, c.num_micro_batches, skip_batches=skip))
+        manager = self._manager(iterator if checkpointable else None)
+        if restored is None:
+            return iterator, manager
+        if not same_input:
+            logger.info("the input differs from the one %s was trained on (%s); weights, optimizer and step %d "
+                        "resume, the input starts from its beginning", os.path.basename(restored),
+                        _signature_change(old_signature, signature), step)
+        elif checkpointable:
+            try:
+                status = tf.train.Checkpoint(train_iterator=iterator).read(restored)
+                status.assert_existing_objects_matched()
+                logger.info("input position restored from %s", os.path.basename(restored))
+            except (AssertionError, ValueError, tf.errors.OpError):
+                # Saved under a strategy that cannot save its iterator: skip what the step consumed.
+                skip = step * c.num_micro_batches
+                iterator = iter(self.distribute(dataset_fn, per_replica, c.num_micro_batches, skip_batches=skip))
+                manager = self._manager(iterator)
+        if skip:
+            logger.info("input position: skipping the %d batch(es) per input pipeline consumed by step %d "
+                        "(reads them once, trains on none)", skip, step)
+        return iterator, manager
+
+    def _num_input_pipelines(self) -> int:
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None:
+            return max(1, len(resolver.cluster_spec().as_dict().get("worker", [])))
+        return 1
+
     # ------------------------------------------------------------------ SIGTERM
     def _can_checkpoint_iterator(self) -> bool:
         return self.checkpoint_input_pipeline and self._single_device()
@@ -667,6 +749,42 @@ def clear_model_dir(model_dir: str) -> list:
     if removed:
         logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
     return removed
+
+
+def input_signature(element_spec, per_replica_batch: int, micro_batches: int, replicas: int, input_id: str) -> str:
+    """What identifies a training input for resuming its position: the data (input_id, e.g. its files),
+    the batch shapes and dtypes (seq length, predictions per sequence, packing) and how it is split."""
+    shapes = {}
+
+    def visit(spec, path):
+        if isinstance(spec, dict):
+            for key in sorted(spec):
+                visit(spec[key], f"{path}/{key}" if path else str(key))
+        elif isinstance(spec, (tuple, list)):
+            for i, item in enumerate(spec):
+                visit(item, f"{path}/{i}" if path else str(i))
+        else:
+            shapes[path] = (spec.dtype.name, spec.shape.as_list())
+
+    visit(element_spec, "")
+    return json.dumps(dict(data=input_id, batch=per_replica_batch, micro_batches=micro_batches, replicas=replicas,
+                           features=shapes), sort_keys=True)
+
+
+def _signature_change(old: str, new: str) -> str:
+    """The keys in which two input signatures differ, for the resume log line."""
+    if not old:
+        return "the checkpoint predates input signatures"
+    try:
+        a, b = json.loads(old), json.loads(new)
+    except json.JSONDecodeError:
+        return "unreadable signature"
+    changed = [k for k in sorted(b) if a.get(k) != b[k]]
+    if "features" in changed:
+        fa, fb = a.get("features", {}), b["features"]
+        diffs = [f"{k} {fa.get(k, [None, None])[1]} -> {fb[k][1]}" for k in sorted(fb) if fa.get(k) != fb[k]]
+        changed[changed.index("features")] = "shapes: " + ", ".join(diffs[:3])
+    return "; ".join(changed)
 
 
 def _model_config_json(model) -> str:

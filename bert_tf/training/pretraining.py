@@ -187,25 +187,32 @@ def pretraining_loss_fn(model, batch, training):
     return outputs["loss"], metrics
 
 
-def _write_side_files(config: PretrainingConfig) -> None:
-    """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (fine-tuning reads them)."""
+def _check_output_dir(config: PretrainingConfig) -> None:
+    """Refuses an output_dir that holds a run of another bert_config or objective (reads only)."""
     out = config.output_dir
-    tf.io.gfile.makedirs(out)
     if model_dir.config_changes(out, config.bert_config):
         raise PretrainingError(
             f"{model_dir.config_path(out)}: output_dir holds a run with a different bert_config; use a new "
             "output_dir or pass --overwrite_output_dir"
         )
+    recorded = read_run_info(out).get("objective")
+    if recorded in OBJECTIVES and recorded != config.objective and model_dir.has_checkpoint(out):
+        raise PretrainingError(
+            f"{out}: holds a run with objective {recorded}, not {config.objective}; use a new output_dir"
+        )
+
+
+def _write_side_files(config: PretrainingConfig) -> None:
+    """bert_config.json, vocab.txt and bert_tf_info.json beside the checkpoints (fine-tuning reads them).
+    Written just before the run's first checkpoint, so a start that is refused or crashes leaves an
+    existing output_dir as it was (a phase-2 rerun records its seq length only once it trains)."""
+    out = config.output_dir
+    tf.io.gfile.makedirs(out)
     if model_dir.read_config(out) is None:
         model_dir.write_config(out, config.bert_config)
     if config.vocab_file:
         model_dir.copy_vocab(config.vocab_file, out)
     info = read_run_info(out)
-    recorded = info.get("objective")
-    if recorded in OBJECTIVES and recorded != config.objective and model_dir.has_checkpoint(out):
-        raise PretrainingError(
-            f"{out}: holds a run with objective {recorded}, not {config.objective}; use a new output_dir"
-        )
     do_lower_case = config.do_lower_case if config.do_lower_case is not None else info.get("do_lower_case", True)
     write_run_info(
         out,
@@ -381,9 +388,9 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
         if model_dir.has_checkpoint(config.output_dir):
             logger.info("%s holds a checkpoint: resuming from it; init_checkpoint %s is not used",
                         config.output_dir, config.init_checkpoint)
+    _check_output_dir(config)
     trainer = build_trainer(config, strategy)
-    if trainer.is_chief:
-        _write_side_files(config)
+    write_side_files = (lambda: _write_side_files(config)) if trainer.is_chief else None
 
     if config.do_train:
         trainer.run_summary(
@@ -397,7 +404,8 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
             },
         )
         with _naming_corrupt_files(train_files):
-            trainer.train(_dataset_fn(config, train_files, is_training=True))
+            trainer.train(_dataset_fn(config, train_files, is_training=True), input_id=",".join(train_files),
+                          before_first_save=write_side_files)
 
     if not config.do_eval:
         return None
