@@ -24,6 +24,11 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def canonical_path(path: str) -> str:
+    """One spelling per file: a local path resolved (relative, ./, symlinks), a URL as given."""
+    return path if is_remote(path) else os.path.realpath(path)
+
+
 def scheme(path: str) -> str:
     return str(path).split("://", 1)[0].lower() if is_remote(path) else ""
 

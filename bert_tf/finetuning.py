@@ -11,6 +11,7 @@ Dimensions: N examples, S sequence length.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -180,6 +181,17 @@ def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE) -
     length = tf.minimum(full, (longest + multiple - 1) // multiple * multiple)
     # label_ids is per token only for tagging ([B, S]); per example ([B]) it is left alone.
     return {k: (v[..., :length] if k in SEQUENCE_KEYS and v.shape.rank >= 2 else v) for k, v in batch.items()}
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """A short fingerprint of featurized arrays (names, shapes, bytes): the training input's identity
+    for resuming its position (bert_tf.training.loop.input_signature)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}{value.shape}{value.dtype}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed: int = 12345,

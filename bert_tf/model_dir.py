@@ -98,8 +98,8 @@ def remove_partial_saves(model_dir: str) -> List[str]:
 
 # What a failed restore was, for its message: only a mismatch means "another model".
 RESTORE_MISSING, RESTORE_CORRUPT, RESTORE_MISMATCH = "missing files", "unreadable or corrupt data", "does not match the model"
-_INCOMPATIBLE = re.compile(r"incompatible tensor with shape (\S+) when attempting to restore variable with shape "
-                           r"(\S+) and name (\S+?)(?::\d+)?\.?$", re.S)
+_INCOMPATIBLE = re.compile(r"incompatible tensor with shape (\([^)]*\)) when attempting to restore variable with "
+                           r"shape (\([^)]*\)) and name (\S+?)(?::\d+)?\.?$")
 _UNBOUND = re.compile(r"<Variable path=([^,]+), shape=(\([^)]*\))")
 
 
@@ -115,7 +115,8 @@ def describe_restore_error(error: BaseException) -> Tuple[str, str]:
         m = _UNBOUND.search(text)
         what = f"{m.group(1)} {m.group(2)}" if m else text[:200]
         return RESTORE_MISMATCH, f"the model's {what} has no value in the checkpoint"
-    if isinstance(error, tf.errors.NotFoundError) or "Failed to find any matching files" in text:
+    if (isinstance(error, tf.errors.NotFoundError) or "Failed to find any matching files" in text
+            or "No such file or directory" in text):
         return RESTORE_MISSING, "its files are not there"
     if isinstance(error, (tf.errors.OpError, IndexError)):
         detail = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text)
@@ -150,16 +151,21 @@ def copy_vocab(vocab_file: str, model_dir: str) -> None:
             write_text_atomic(out, f.read())
 
 
-def write_finetuned(model_dir: str, config: BertConfig, vocab_file: str, *, causal: bool = False,
-                    do_lower_case: bool, max_seq_length: int, task_type: str, **info) -> None:
-    """The side files of a fine-tuned model; refuses a model_dir whose checkpoints have another bert_config."""
-    tf.io.gfile.makedirs(model_dir)
+def check_config(model_dir: str, config: BertConfig) -> None:
+    """Refuses a model_dir whose checkpoints were trained with another bert_config (reads only)."""
     # (the state file is enough: a run's checkpoints are or were there)
     changed = config_changes(model_dir, config) if tf.train.get_checkpoint_state(model_dir) is not None else []
     if changed:
         raise ModelDirError(
             f"{model_dir}: holds the checkpoints of a run with a different bert_config ({', '.join(changed)}); "
             "use a new --output_dir or pass --overwrite_output_dir")
+
+
+def write_finetuned(model_dir: str, config: BertConfig, vocab_file: str, *, causal: bool = False,
+                    do_lower_case: bool, max_seq_length: int, task_type: str, **info) -> None:
+    """The side files of a fine-tuned model; refuses a model_dir whose checkpoints have another bert_config."""
+    check_config(model_dir, config)
+    tf.io.gfile.makedirs(model_dir)
     write_config(model_dir, config)
     copy_vocab(vocab_file, model_dir)
     if causal:

@@ -5,7 +5,8 @@
   2. read and featurize every split asked for, before anything is written;
   3. build the Trainer (training/loop.py) on the task model of bert_tf.model_dir.TASK_MODELS,
      starting from the pretrained weights, resuming from output_dir's checkpoints;
-  4. write the model directory's side files;
+  4. write the model directory's side files, once the checkpoint is restored and training saves
+     (a refused or crashed start leaves output_dir as it was);
   5. train (evaluating every eval_every_steps and keeping the best model in output_dir/best),
      or restore the trained model;
   6. evaluate: eval_results[_<split>].txt and the task's files; predict: the task's files.
@@ -166,11 +167,15 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     def model_fn():
         return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
 
+    model_dir.check_config(out, pretrained.config)
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
-    model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, causal=pretrained.causal,
-                              do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
-                              task_type=task.task_type, **info)
+
+    def write_side_files():  # once the run has restored (or refused) output_dir's checkpoint and trains
+        model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, causal=pretrained.causal,
+                                  do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
+                                  task_type=task.task_type, **info)
+
     scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
     board = tf.summary.create_file_writer(os.path.join(out, EVAL_DIR)) \
         if trainer.is_chief and scoring else tf.summary.create_noop_writer()
@@ -221,11 +226,17 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                             unit="rows" if pack else "examples")
         dataset_fn = finetuning.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
                                                   seed=settings.train.seed, dynamic_padding=dynamic_padding)
+        train_arrays = train.packed.arrays if pack else train.arrays
         results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                                            metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
-                                           output_dir=out, ordered=task.ordered_results)
-    elif trainer.restore() is None and not pretrained.init_checkpoint:
-        logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
+                                           output_dir=out, ordered=task.ordered_results,
+                                           input_id=finetuning.arrays_digest(train_arrays),
+                                           before_first_save=write_side_files if trainer.is_chief else None)
+    else:
+        if trainer.restore() is None and not pretrained.init_checkpoint:
+            logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
+        if trainer.is_chief:
+            write_side_files()
     if cfg.do_eval:
         results = evaluate()  # an evaluation at the last training step is not run again
         for split, data in evals.items():
@@ -247,16 +258,18 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
 def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_steps: int, eval_every: int,
                              evaluate: Callable[[], Dict[str, Dict[str, float]]], metric: Tuple[str, str],
-                             output_dir: str, ordered: bool = False) -> Dict[str, Dict[str, float]]:
+                             output_dir: str, ordered: bool = False, input_id: str = "",
+                             before_first_save: Optional[Callable[[], None]] = None) -> Dict[str, Dict[str, float]]:
     """Trains to `num_train_steps`; every `eval_every` steps runs `evaluate` and keeps the best model.
 
     The best model (by `metric` = (eval split, key), higher is better) goes to
     `<output_dir>/best/` as a complete model directory (checkpoint and side files,
     bert_tf.model_dir) with `best_eval_results.txt`, so it can be exported or
-    fine-tuned from like any other. Returns the last evaluation.
+    fine-tuned from like any other. Returns the last evaluation. input_id and before_first_save go
+    to Trainer.train.
     """
     if not eval_every:
-        trainer.train(dataset_fn)
+        trainer.train(dataset_fn, input_id=input_id, before_first_save=before_first_save)
         return {}
     best_dir = os.path.join(output_dir, model_dir.BEST_DIR)
     best_value = _read_best(best_dir, metric[1])
@@ -266,7 +279,7 @@ def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_s
     while step < num_train_steps:
         target = min(num_train_steps, (step // eval_every + 1) * eval_every)
         trainer.train_steps = target
-        trainer.train(dataset_fn)
+        trainer.train(dataset_fn, input_id=input_id, before_first_save=before_first_save)
         step = int(trainer.global_step.numpy())
         results = evaluate()
         value = results[metric[0]][metric[1]]

@@ -394,7 +394,7 @@ class Trainer:
         for path in model_dir_lib.checkpoint_candidates(self.model_dir):
             try:
                 status = checkpoint.restore(path)
-                status.assert_existing_objects_matched()
+                status.assert_existing_objects_matched().expect_partial()  # (input position: _resume_input)
                 # Written since the input signature exists; an older checkpoint leaves it "" (unknown).
                 tf.train.Checkpoint(input_signature=self._input_signature).read(path).expect_partial()
             except (tf.errors.OpError, ValueError, IndexError, AssertionError) as e:
@@ -694,14 +694,19 @@ class Trainer:
                 status = tf.train.Checkpoint(train_iterator=iterator).read(restored)
                 status.assert_existing_objects_matched()
                 logger.info("input position restored from %s", os.path.basename(restored))
-            except (AssertionError, ValueError, tf.errors.OpError):
-                # Saved under a strategy that cannot save its iterator: skip what the step consumed.
-                skip = step * c.num_micro_batches
-                iterator = iter(self.distribute(dataset_fn, per_replica, c.num_micro_batches, skip_batches=skip))
+            except (AssertionError, ValueError, tf.errors.OpError) as e:
+                # Saved under a strategy that cannot save its iterator, or by a pipeline of another
+                # definition: move this one past what the step consumed. (Advanced in place, not with
+                # Dataset.skip, so the definition, and so the next save's position, stays restorable.)
+                logger.info("input position of %s not restored (%s)", os.path.basename(restored), _first_line(e)[:160])
+                iterator = iter(self.distribute(dataset_fn, per_replica, c.num_micro_batches))
                 manager = self._manager(iterator)
+                skip = step * c.num_micro_batches
         if skip:
             logger.info("input position: skipping the %d batch(es) per input pipeline consumed by step %d "
                         "(reads them once, trains on none)", skip, step)
+            if checkpointable:
+                _advance(iterator, skip)
         return iterator, manager
 
     def _num_input_pipelines(self) -> int:
@@ -749,6 +754,21 @@ def clear_model_dir(model_dir: str) -> list:
     if removed:
         logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
     return removed
+
+
+@tf.function(autograph=False)
+def _advance_loop(iterator, n):
+    def body(i):
+        next(iterator)
+        return i + 1
+
+    return tf.while_loop(lambda i: i < n, body, [tf.constant(0, tf.int64)])
+
+
+def _advance(iterator, n: int) -> None:
+    """Draws and drops n elements of a tf.data iterator (one host call)."""
+    if n:
+        _advance_loop(iterator, tf.constant(n, tf.int64))
 
 
 def input_signature(element_spec, per_replica_batch: int, micro_batches: int, replicas: int, input_id: str) -> str:

@@ -40,7 +40,7 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from bert_tf import model_dir
+from bert_tf import fileio, model_dir
 from bert_tf.configs import BertConfig, read_run_info, write_run_info
 from bert_tf.data import packing, pipelines
 from bert_tf.training import loop
@@ -404,7 +404,10 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
             },
         )
         with _naming_corrupt_files(train_files):
-            trainer.train(_dataset_fn(config, train_files, is_training=True), input_id=",".join(train_files),
+            # One spelling per file: the saved input position names its files, and a rerun may spell the
+            # same file another way (../data/x from another directory).
+            files = [fileio.canonical_path(p) for p in train_files]
+            trainer.train(_dataset_fn(config, files, is_training=True), input_id=",".join(files),
                           before_first_save=write_side_files)
 
     if not config.do_eval:
