@@ -7,6 +7,7 @@ process with parsed flags, because each TensorFlow start costs ~10-20 s on the s
 import contextlib
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -144,3 +145,31 @@ def test_hf_to_tf1(tmp_path, capsys):
         np.testing.assert_array_equal(reader.get_tensor(name), variable.numpy(), err_msg=name)
     assert (tmp_path / "tf1" / "vocab.txt").exists()
     assert '"vocab_size": 20' in (tmp_path / "tf1" / "bert_config.json").read_text()
+
+
+def test_from_a_training_folder_is_quiet_about_optimizer_slots(tmp_path):
+    """A bert_tf training checkpoint holds Adam slots and the step besides the weights; converting it reads
+    the weights only and says one line, with no warning per slot left unread."""
+    import keras
+
+    from bert_tf.configs import BertConfig
+    from bert_tf.models import BertEncoder
+
+    config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=16, type_vocab_size=2)
+    encoder = BertEncoder(config)
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(encoder.trainable_variables)
+    folder = tmp_path / "model"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=encoder, optimizer=optimizer,
+                                                             global_step=tf.Variable(7, dtype=tf.int64)),
+                                         str(folder), max_to_keep=1, checkpoint_name="ckpt")
+    manager.save(checkpoint_number=7)
+    config.to_json_file(str(folder / "bert_config.json"))
+    (folder / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(40)) + "\n")
+    result = run(f"--input_checkpoint={folder}", f"--output_checkpoint={tmp_path / 'hf'}", "--output_format=hf")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"wrote hf checkpoint {tmp_path / 'hf'}"
+    warnings = [line for line in result.stderr.splitlines() if re.match(r"(W\d{4} |WARNING)", line)]
+    assert "could not be found" not in result.stderr and not warnings, result.stderr[-3000:]
+    assert (tmp_path / "hf" / "model.safetensors").exists()
