@@ -101,7 +101,7 @@ def _script(tmp_path, *args):
 def test_script_and_errors(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(_corpus_lines()) + "\n")
-    out = tmp_path / "vocab.txt"
+    out = tmp_path / "vocabs" / "kjv" / "vocab.txt"  # folders that do not exist yet are created
     proc = _script(tmp_path, f"--input_file={corpus}", f"--vocab_file={out}", "--vocab_size=220")
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 220 and "[UNK] 0.0000%" in proc.stderr

@@ -164,6 +164,9 @@ def write_vocab(path: str, vocab: List[str]) -> None:
 
         write_text_atomic(path, text)
         return
+    from bert_tf.fileio import make_parent_dirs
+
+    make_parent_dirs(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
