@@ -98,36 +98,10 @@ def test_casing_from_folder_name_and_run_info(tmp_path):
 
 def test_create_bert_config_script_writes_a_named_size_for_a_vocab(tmp_path, capsys):
     """create_bert_config.py: a bert_config.json without writing JSON by hand (README, "Model size")."""
-    import contextlib
-    import importlib
-    import sys
-
-    from conftest import REPO
-
-    @contextlib.contextmanager
-    def imported():
-        sys.path.insert(0, str(REPO))
-        try:
-            module = importlib.import_module("create_bert_config")
-        finally:
-            sys.path.pop(0)
-        try:
-            yield module
-        finally:
-            for flag in module.FLAGS.get_flags_for_module("create_bert_config"):
-                if flag.name in module.FLAGS:
-                    delattr(module.FLAGS, flag.name)
-            sys.modules.pop("create_bert_config", None)
+    from conftest import run_script_main
 
     def run(*args):
-        with imported() as script:
-            script.FLAGS.unparse_flags()
-            script.FLAGS(["create_bert_config.py", *args])
-            try:
-                script.main([])
-            except SystemExit as e:
-                return e.code
-            return 0
+        return run_script_main("create_bert_config", *args)
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(f"t{i}\n" for i in range(4259)))

@@ -4,8 +4,6 @@ One test runs the script as a process (exit code, stderr); the others call its m
 process with parsed flags, because each TensorFlow start costs ~10-20 s on the shared CPU.
 """
 
-import contextlib
-import importlib
 import os
 import re
 import subprocess
@@ -14,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, shared_path
+from conftest import REPO, imported_script, shared_path
 
 SCRIPT = str(REPO / "convert_checkpoint.py")
 
@@ -22,26 +20,6 @@ SCRIPT = str(REPO / "convert_checkpoint.py")
 def run(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
-
-
-@contextlib.contextmanager
-def imported_script(name):
-    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
-
-    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
-    """
-    sys.path.insert(0, str(REPO))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
-    try:
-        yield module
-    finally:
-        for flag in module.FLAGS.get_flags_for_module(name):
-            if flag.name in module.FLAGS:
-                delattr(module.FLAGS, flag.name)
-        sys.modules.pop(name, None)
 
 
 def run_in_process(capsys, *args):

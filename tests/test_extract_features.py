@@ -1,13 +1,10 @@
 """extract_features.py: the original's JSONL layout, layer indexes, pairs, and values equal to the encoder's."""
 
-import contextlib
-import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_VOCAB
+from conftest import TINY_VOCAB, run_script_main
 
 from bert_tf.configs import BertConfig
 from bert_tf.models import BertEncoder
@@ -23,26 +20,6 @@ CONFIG = BertConfig(
     max_position_embeddings=16,
     type_vocab_size=2,
 )
-
-
-@contextlib.contextmanager
-def imported_script(name):
-    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
-
-    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
-    """
-    sys.path.insert(0, str(REPO))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
-    try:
-        yield module
-    finally:
-        for flag in module.FLAGS.get_flags_for_module(name):
-            if flag.name in module.FLAGS:
-                delattr(module.FLAGS, flag.name)
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +66,7 @@ def test_jsonl_matches_encoder_outputs(encoder, tiny_vocab_file, tmp_path):
 
 def run_script(*args):
     """extract_features.py's main in this process: its exit code."""
-    with imported_script("extract_features") as script:
-        script.FLAGS.unparse_flags()
-        script.FLAGS(["extract_features.py", *args])
-        try:
-            script.main([])
-        except SystemExit as e:
-            return e.code
-        return 0
+    return run_script_main("extract_features", *args)
 
 
 def test_script_from_tf1_checkpoint_and_bad_layers(encoder, tiny_vocab_file, tmp_path, capsys):
