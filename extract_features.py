@@ -82,8 +82,7 @@ def main(argv):
             encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size,
             combination=combination, mix_weights=mix_weights,
         )
-    except (checkpoints.CheckpointError, ConfigError, FinetuneError, VocabError, FileNotFoundError,
-            ValueError) as e:
+    except (checkpoints.CheckpointError, ConfigError, FinetuneError, VocabError, OSError, ValueError) as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"wrote {count} lines to {FLAGS.output_file}")

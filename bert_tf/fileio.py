@@ -105,7 +105,10 @@ def make_parent_dirs(path: str) -> None:
 
         tf.io.gfile.makedirs(parent)
     else:
-        os.makedirs(parent, exist_ok=True)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise NotADirectoryError(f"cannot create directory {parent}: a file is in the way") from None
 
 
 def write_text_atomic(path: str, text: str) -> None:

@@ -238,8 +238,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
         try:
             fileio.make_parent_dirs(os.path.abspath(p))
         except OSError as e:
-            raise PretrainingDataError(f"output_file: cannot create directory {os.path.dirname(p)} "
-                                       f"({e.strerror})") from None
+            raise PretrainingDataError(f"output_file: {e}") from None
     num_workers = config.num_workers or os.cpu_count() or 1
     logger.info("*** Reading from %d input file(s), %d worker(s) ***", len(input_files), num_workers)
     for f in input_files:
