@@ -252,13 +252,13 @@ def finetune_settings():
     if not FLAGS.output_dir:
         fail("--output_dir is required")
     _check_export_dir()  # before hours of training, not after
-    overwrite_output_dir_if_asked(protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))
-    strategy = make_strategy()
-    try:
+    try:  # a checkpoint, config and vocab that do not go together fail before --overwrite_output_dir clears
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
         check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
+    overwrite_output_dir_if_asked(protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))
+    strategy = make_strategy()
     if FLAGS.pack_sequences and FLAGS.dynamic_padding:
         fail("--dynamic_padding and --pack_sequences cannot be combined: packed rows have one fixed length")
     train = train_settings(strategy)

@@ -77,9 +77,9 @@ def main(_):
         else:
             vocab = vocab_builder.learn_wordpiece_vocab(words, FLAGS.vocab_size, FLAGS.num_unused,
                                                         FLAGS.min_frequency)
+        vocab_builder.write_vocab(FLAGS.vocab_file, vocab)  # its folders are created
     except (ValueError, OSError, VocabError) as e:
         sys.exit(f"create_vocab.py: error: {e}")
-    vocab_builder.write_vocab(FLAGS.vocab_file, vocab)
     log.info("Wrote %d tokens to %s", len(vocab), FLAGS.vocab_file)
     if FLAGS.extend_vocab:
         path = vocab_builder.write_extension(FLAGS.vocab_file, FLAGS.extend_vocab, new_tokens)

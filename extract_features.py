@@ -8,11 +8,11 @@
 (the paper's Table 7): layer:-2, sum_last:4, concat_last:4 or scalar_mix
 (with --scalar_mix_weights, one weight per layer; uniform by default).
 
---init_checkpoint may be an original TF1 checkpoint, one of ours, or a Hugging Face folder
-(model.safetensors + config.json; then --bert_config_file and --vocab_file default to the folder's).
+--init_checkpoint may be an original TF1 checkpoint or its folder, a bert_tf model dir or checkpoint,
+or a Hugging Face folder; --bert_config_file and --vocab_file default to the files beside it
+(bert_config.json or config.json, vocab.txt), as for the fine-tuning scripts.
 """
 
-import os
 import sys
 
 from absl import app, flags
@@ -26,10 +26,13 @@ flags.DEFINE_string("layer_combination", None, "Combine layers into one vector p
                     "layer:<index>, sum_last:<k>, concat_last:<k> or scalar_mix.")
 flags.DEFINE_list("scalar_mix_weights", None, "--layer_combination=scalar_mix: one weight per layer, first to "
                   "last (default 1/num_layers each).")
-flags.DEFINE_string("bert_config_file", None, "bert_config.json (or a Hugging Face config.json) of the pretrained model.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json (or a Hugging Face config.json) of the pretrained "
+                    "model; default: the one beside --init_checkpoint.")
 flags.DEFINE_integer("max_seq_length", 128, "Maximum total input length in WordPiece tokens (truncated beyond).")
-flags.DEFINE_string("init_checkpoint", None, "Pretrained weights: TF1 checkpoint, ours, or a Hugging Face folder.")
-flags.DEFINE_string("vocab_file", None, "The vocabulary file the model was trained with.")
+flags.DEFINE_string("init_checkpoint", None, "Pretrained weights: a TF1 checkpoint or folder, ours, or a Hugging "
+                    "Face folder.")
+flags.DEFINE_string("vocab_file", None, "The vocabulary file the model was trained with; default: the vocab.txt "
+                    "beside --init_checkpoint.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models).")
 flags.DEFINE_integer("batch_size", 32, "Batch size for predictions.")
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; ignored.")
@@ -42,8 +45,8 @@ flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 def main(argv):
     del argv
     from bert_tf import checkpoints
-    from bert_tf.configs import BertConfig, ConfigError, read_run_info
-    from bert_tf.models import BertEncoder
+    from bert_tf.configs import ConfigError
+    from bert_tf.finetuning import FinetuneError, resolve_pretrained
     from bert_tf.models.feature_extraction import extract_features, parse_layer_combination, read_examples
     from bert_tf.tokenization import FullTokenizer, VocabError
 
@@ -63,33 +66,23 @@ def main(argv):
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     try:
-        fmt = checkpoints.detect_format(FLAGS.init_checkpoint)
-        folder = (
-            FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(FLAGS.init_checkpoint)
-        )
-        if FLAGS.bert_config_file:
-            config = BertConfig.from_json_file(FLAGS.bert_config_file)
-        elif fmt == "hf":
-            config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
-        else:
-            raise ConfigError("--bert_config_file is required for a TF1 or bert_tf checkpoint")
-        vocab_file = FLAGS.vocab_file or os.path.join(folder, "vocab.txt")
+        # Any checkpoint kind, with its config and vocab found beside it, as for fine-tuning.
+        pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
+        config = pretrained.config
         if FLAGS.max_seq_length > config.max_position_embeddings:
             raise ConfigError(
                 f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings "
                 f"{config.max_position_embeddings} of the bert_config"
             )
-        tokenizer = FullTokenizer(vocab_file, do_lower_case=FLAGS.do_lower_case)
-        # A left-to-right (--objective=ltr) model records it beside its checkpoints.
-        causal = bool(read_run_info(folder).get("causal_attention", False)) if fmt == "ours" else False
-        encoder = BertEncoder(config, causal=causal)
-        checkpoints.load_pretrained(encoder, FLAGS.init_checkpoint, fmt)
+        tokenizer = FullTokenizer(pretrained.vocab_file, do_lower_case=FLAGS.do_lower_case)
+        encoder = pretrained.build_encoder()  # left to right where the checkpoint's folder records it
+        checkpoints.load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
         examples = read_examples(FLAGS.input_file)
         count = extract_features(
             encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size,
             combination=combination, mix_weights=mix_weights,
         )
-    except (checkpoints.CheckpointError, ConfigError, VocabError, FileNotFoundError, ValueError) as e:
+    except (checkpoints.CheckpointError, ConfigError, FinetuneError, VocabError, OSError, ValueError) as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"wrote {count} lines to {FLAGS.output_file}")

@@ -408,7 +408,8 @@ def load_checkpoint(model, path: str) -> None:
     saved_encoder_alone = any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/embeddings/") for k in keys)
     root = encoder if saved_encoder_alone else tf.train.Checkpoint(encoder=encoder)
     try:
-        status = tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: root}).read(path)
+        # A training checkpoint's optimizer slots and step are deliberately left unread (no warning each).
+        status = tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: root}).read(path).expect_partial()
         status.assert_existing_objects_matched()
         if model is not encoder and not saved_encoder_alone:
             tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: model}).read(path).expect_partial()

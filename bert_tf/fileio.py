@@ -99,8 +99,26 @@ def open_file(path: str, mode: str = "r"):
     return open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
+def make_parent_dirs(path: str) -> None:
+    """Creates the folders a file at `path` goes into, as `mkdir -p` would (writers call it first, so
+    `--output_file=data/train.tfrecord` needs no `mkdir data`). A parent that is a file raises OSError."""
+    parent = os.path.dirname(path)
+    if not parent:
+        return
+    if is_remote(path):
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(parent)
+    else:
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise NotADirectoryError(f"cannot create directory {parent}: a file is in the way") from None
+
+
 def write_text_atomic(path: str, text: str) -> None:
     """Writes `text` to `path` through a temporary name, so a crash never leaves half a file."""
+    make_parent_dirs(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open_file(tmp, "w") as f:
         f.write(text)

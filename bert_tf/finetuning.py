@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from bert_tf import checkpoints, model_dir
 from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info
-from bert_tf.tokenization import VocabError, load_vocab
+from bert_tf.tokenization import VocabError, check_vocab_fits
 from bert_tf.tokenization.fast import FastTokenizer
 
 logger = logging.getLogger("bert_tf.finetuning")
@@ -99,8 +99,8 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
                        vocab_file: Optional[str] = None, require_vocab: bool = True) -> Pretrained:
     """Finds config, vocab and format for `init_checkpoint`, which may be:
 
-    - an original TF1 prefix (`.../bert_model.ckpt`): needs `bert_config_file` unless a
-      `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
+    - an original TF1 prefix (`.../bert_model.ckpt`) or the folder holding it: needs `bert_config_file`
+      unless a `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
     - a Hugging Face folder (config.json, model.safetensors, vocab.txt) or .safetensors file;
     - a bert_tf model directory (its latest checkpoint and side files: bert_tf.model_dir),
       or one checkpoint prefix in it;
@@ -113,10 +113,11 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     folder = None
     if init_checkpoint:
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
-            latest = model_dir.latest_checkpoint(init_checkpoint)
-            if latest is None:
+            try:  # its latest checkpoint, or an original download's bert_model.ckpt
+                latest = checkpoints.resolve_tf1_checkpoint(init_checkpoint)
+            except checkpoints.CheckpointError:
                 raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
-                                    "no model.safetensors)")
+                                    "no bert_model.ckpt, no model.safetensors)") from None
             folder, init_checkpoint = init_checkpoint, latest
         try:
             fmt = checkpoints.detect_format(init_checkpoint)
@@ -148,12 +149,10 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
             raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
         else:  # pretraining reads token ids from its records
             return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal)
-    vocab_size = len(load_vocab(vocab_file))
-    if vocab_size > config.vocab_size:
-        raise FinetuneError(
-            f"{vocab_file}: {vocab_size} tokens but the model's vocab_size is {config.vocab_size}; "
-            "this vocab does not belong to this model"
-        )
+    try:
+        check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
+    except VocabError as e:
+        raise FinetuneError(str(e)) from None
     return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal)
 
 

@@ -1,7 +1,10 @@
 """Shared test fixtures: where the optional real-format files live, and tiny vocabularies."""
 
+import contextlib
+import importlib
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -12,6 +15,38 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 TESTDATA = REPO / "tests" / "testdata"
 # ../shared sits beside the checkout in CI and in the sessions; tests that need it skip without it.
 SHARED = pathlib.Path(os.environ.get("BERT_TF_SHARED", REPO.parent / "shared"))
+
+
+@contextlib.contextmanager
+def imported_script(name):
+    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
+
+    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
+    """
+    sys.path.insert(0, str(REPO))
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+    try:
+        yield module
+    finally:
+        for flag in module.FLAGS.get_flags_for_module(name):
+            if flag.name in module.FLAGS:
+                delattr(module.FLAGS, flag.name)
+        sys.modules.pop(name, None)
+
+
+def run_script_main(name, *args):
+    """A top-level absl script's main with these flags, in this process: its exit code."""
+    with imported_script(name) as script:
+        script.FLAGS.unparse_flags()
+        script.FLAGS([f"{name}.py", *args])
+        try:
+            script.main([])
+        except SystemExit as e:
+            return e.code
+        return 0
 
 
 def shared_path(*parts) -> pathlib.Path:

@@ -94,3 +94,33 @@ def test_casing_from_folder_name_and_run_info(tmp_path):
     assert check_casing(False, str(tmp_path / "ckpt-10")) is None
     # Unknown folder names stay silent.
     assert check_casing(True, "/m/my_model/bert_model.ckpt") is None
+
+
+def test_create_bert_config_script_writes_a_named_size_for_a_vocab(tmp_path, capsys):
+    """create_bert_config.py: a bert_config.json without writing JSON by hand (README, "Model size")."""
+    from conftest import run_script_main
+
+    def run(*args):
+        return run_script_main("create_bert_config", *args)
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"t{i}\n" for i in range(4259)))
+    out = tmp_path / "model" / "bert_config.json"  # a folder that does not exist yet
+    assert run("--size=base", f"--vocab_file={vocab}", f"--output={out}") == 0
+    assert capsys.readouterr().out.strip() == (f"wrote {out}: base, 12 layers, hidden 768, 12 heads, "
+                                               "vocab_size 4259")
+    assert BertConfig.from_json_file(str(out)) == BertConfig(
+        vocab_size=4259, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        type_vocab_size=2)
+    before = out.read_text()
+    assert run("--size=mini", f"--vocab_file={vocab}", f"--output={out}") == 1  # never replaced unasked
+    assert "exists; pass --overwrite to replace it" in capsys.readouterr().err and out.read_text() == before
+    assert run("--size=mini", f"--vocab_file={vocab}", f"--output={out}", "--overwrite",
+               "--max_position_embeddings=128") == 0
+    mini = BertConfig.from_json_file(str(out))
+    assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads, mini.intermediate_size,
+            mini.max_position_embeddings) == (4, 256, 4, 1024, 128)
+    capsys.readouterr()
+    assert run("--size=base", f"--vocab_file={tmp_path / 'missing.txt'}", f"--output={tmp_path / 'b.json'}") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vocab file not found" in err and not (tmp_path / "b.json").exists()

@@ -4,16 +4,15 @@ One test runs the script as a process (exit code, stderr); the others call its m
 process with parsed flags, because each TensorFlow start costs ~10-20 s on the shared CPU.
 """
 
-import contextlib
-import importlib
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, shared_path
+from conftest import REPO, imported_script, shared_path
 
 SCRIPT = str(REPO / "convert_checkpoint.py")
 
@@ -21,26 +20,6 @@ SCRIPT = str(REPO / "convert_checkpoint.py")
 def run(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
-
-
-@contextlib.contextmanager
-def imported_script(name):
-    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
-
-    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
-    """
-    sys.path.insert(0, str(REPO))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
-    try:
-        yield module
-    finally:
-        for flag in module.FLAGS.get_flags_for_module(name):
-            if flag.name in module.FLAGS:
-                delattr(module.FLAGS, flag.name)
-        sys.modules.pop(name, None)
 
 
 def run_in_process(capsys, *args):
@@ -144,3 +123,31 @@ def test_hf_to_tf1(tmp_path, capsys):
         np.testing.assert_array_equal(reader.get_tensor(name), variable.numpy(), err_msg=name)
     assert (tmp_path / "tf1" / "vocab.txt").exists()
     assert '"vocab_size": 20' in (tmp_path / "tf1" / "bert_config.json").read_text()
+
+
+def test_from_a_training_folder_is_quiet_about_optimizer_slots(tmp_path):
+    """A bert_tf training checkpoint holds Adam slots and the step besides the weights; converting it reads
+    the weights only and says one line, with no warning per slot left unread."""
+    import keras
+
+    from bert_tf.configs import BertConfig
+    from bert_tf.models import BertEncoder
+
+    config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=16, type_vocab_size=2)
+    encoder = BertEncoder(config)
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(encoder.trainable_variables)
+    folder = tmp_path / "model"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=encoder, optimizer=optimizer,
+                                                             global_step=tf.Variable(7, dtype=tf.int64)),
+                                         str(folder), max_to_keep=1, checkpoint_name="ckpt")
+    manager.save(checkpoint_number=7)
+    config.to_json_file(str(folder / "bert_config.json"))
+    (folder / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(40)) + "\n")
+    result = run(f"--input_checkpoint={folder}", f"--output_checkpoint={tmp_path / 'hf'}", "--output_format=hf")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"wrote hf checkpoint {tmp_path / 'hf'}"
+    warnings = [line for line in result.stderr.splitlines() if re.match(r"(W\d{4} |WARNING)", line)]
+    assert "could not be found" not in result.stderr and not warnings, result.stderr[-3000:]
+    assert (tmp_path / "hf" / "model.safetensors").exists()

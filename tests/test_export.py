@@ -378,6 +378,22 @@ def test_bad_model_dirs_and_export_dirs_give_one_line_errors(exported, tmp_path)
                       "pass --overwrite to replace it"]
 
 
+def test_checkpoint_export_refuses_a_vocab_that_does_not_fit_the_checkpoint(exported, tmp_path):
+    from bert_tf.export import export_checkpoint
+
+    model_dir = exported["base"] / "model_dir"
+    for tokens in (TINY_VOCAB[:-3], TINY_VOCAB + ["extra"]):  # fewer entries than its embeddings, and more
+        other = tmp_path / "other_vocab.txt"
+        other.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+        for export_type in ("encoder", "preprocessor"):
+            with pytest.raises(ExportError) as info:
+                export_checkpoint(str(model_dir), None, str(other), True, str(tmp_path / "export"), SEQ,
+                                  export_type=export_type)
+            assert str(info.value).startswith(f"{other}: {len(tokens)} tokens but {model_dir / 'ckpt-5'} has "
+                                              f"vocab_size {len(TINY_VOCAB)}; ")
+            assert not (tmp_path / "export").exists()
+
+
 def _parse_saved_model_cli(text):
     """`saved_model_cli show --all` -> {signature: {"inputs"|"outputs": {name: (dtype, shape)}}}."""
     signatures, current, side, name = {}, None, None, None

@@ -1,13 +1,10 @@
 """extract_features.py: the original's JSONL layout, layer indexes, pairs, and values equal to the encoder's."""
 
-import contextlib
-import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_VOCAB
+from conftest import TINY_VOCAB, run_script_main
 
 from bert_tf.configs import BertConfig
 from bert_tf.models import BertEncoder
@@ -23,26 +20,6 @@ CONFIG = BertConfig(
     max_position_embeddings=16,
     type_vocab_size=2,
 )
-
-
-@contextlib.contextmanager
-def imported_script(name):
-    """Imports a top-level absl script, and afterwards removes it and the flags it defined.
-
-    Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
-    """
-    sys.path.insert(0, str(REPO))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
-    try:
-        yield module
-    finally:
-        for flag in module.FLAGS.get_flags_for_module(name):
-            if flag.name in module.FLAGS:
-                delattr(module.FLAGS, flag.name)
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +64,11 @@ def test_jsonl_matches_encoder_outputs(encoder, tiny_vocab_file, tmp_path):
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
+def run_script(*args):
+    """extract_features.py's main in this process: its exit code."""
+    return run_script_main("extract_features", *args)
+
+
 def test_script_from_tf1_checkpoint_and_bad_layers(encoder, tiny_vocab_file, tmp_path, capsys):
     from bert_tf.checkpoints import write_tf1_checkpoint
 
@@ -94,16 +76,7 @@ def test_script_from_tf1_checkpoint_and_bad_layers(encoder, tiny_vocab_file, tmp
     write_tf1_checkpoint(encoder, str(ckpt))
     CONFIG.to_json_file(str(tmp_path / "model" / "bert_config.json"))
     (tmp_path / "in.txt").write_text("the cat\n")
-
-    def run(*args):
-        with imported_script("extract_features") as script:
-            script.FLAGS.unparse_flags()
-            script.FLAGS(["extract_features.py", *args])
-            try:
-                script.main([])
-            except SystemExit as e:
-                return e.code
-            return 0
+    run = run_script
 
     common = [
         f"--input_file={tmp_path / 'in.txt'}",
@@ -120,3 +93,34 @@ def test_script_from_tf1_checkpoint_and_bad_layers(encoder, tiny_vocab_file, tmp
     assert run(*common, "--layers=-1,-9") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "-9 is out of range for a 4-layer model" in err
+
+
+def test_script_takes_a_checkpoint_folder_and_refuses_another_vocab(encoder, tiny_vocab_file, tmp_path, capsys):
+    """--init_checkpoint=<an original download's folder> finds bert_model.ckpt, bert_config.json and vocab.txt
+    there (the fine-tuning scripts' resolver); a vocab that does not fit the checkpoint is one line, no output."""
+    from bert_tf.checkpoints import write_tf1_checkpoint
+
+    folder = tmp_path / "uncased_L-4_H-8_A-2"
+    write_tf1_checkpoint(encoder, str(folder / "bert_model.ckpt"))
+    CONFIG.to_json_file(str(folder / "bert_config.json"))
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
+    (tmp_path / "in.txt").write_text("the cat\n")
+    out = tmp_path / "features" / "out.jsonl"  # a folder that does not exist yet is created
+    common = [f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}", f"--init_checkpoint={folder}",
+              "--max_seq_length=8"]
+    assert run_script(*common) == 0
+    tokens, ids, mask, segments = encode_example(FullTokenizer(tiny_vocab_file), "the cat", None, 8)
+    expected = encoder({"input_ids": np.array([ids]), "input_mask": np.array([mask]),
+                        "segment_ids": np.array([segments])})["encoder_outputs"][-1].numpy()[0, 1]
+    line = json.loads(out.read_text())
+    np.testing.assert_allclose(line["features"][1]["layers"][0]["values"], expected, atol=1e-6)
+    out.unlink()
+    capsys.readouterr()
+    other = tmp_path / "other_vocab.txt"
+    other.write_text("\n".join(TINY_VOCAB[:-4]) + "\n")
+    assert run_script(*common, f"--vocab_file={other}") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{other}: {len(TINY_VOCAB) - 4} tokens but {folder / 'bert_model.ckpt'} has vocab_size " \
+           f"{len(TINY_VOCAB)}" in err
+    assert not out.exists()

@@ -312,6 +312,16 @@ def test_real_wiki_fixture(tmp_path):
     assert schema.inspect_record_file(str(out)) == {"max_seq_length": 128, "max_predictions_per_seq": 20}
 
 
+def test_missing_output_folders_are_created(data_dir, tmp_path):
+    # The README's --output_file=data/train.tfrecord in a fresh directory: data/ is made, as `mkdir -p` would.
+    out = tmp_path / "data" / "seq128" / "train.tfrecord"
+    summary = pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+        input_file=str(data_dir / "corpus_a.txt"), output_file=str(out), vocab_file=str(data_dir / "vocab.txt"),
+        max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, num_workers=1))
+    assert summary["output_files"] == [str(out)] and summary["instances"] > 0
+    assert schema.inspect_record_file(str(out)) == {"max_seq_length": 32, "max_predictions_per_seq": 5}
+
+
 def test_blocks_do_not_depend_on_anything_but_input():
     docs = [text_input.RawDocument(["x" * n], False, n + 1) for n in (10, 500, 30, 30, 700, 5)]
     blocks = list(text_input.iter_blocks(docs, block_bytes=100))
@@ -327,7 +337,7 @@ def _run_script(tmp_path, *args):
 
 
 @pytest.mark.parametrize("case", ["missing_input", "empty_corpus", "no_mask", "too_few_predictions",
-                                  "unreadable_vocab", "missing_output_dir"])
+                                  "unreadable_vocab", "output_dir_is_a_file"])
 def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     vocab = str(data_dir / "vocab.txt")
     inp = str(data_dir / "corpus_a.txt")
@@ -335,7 +345,7 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     extra = []
     expect = {"missing_input": "matches no file", "empty_corpus": "empty corpus", "no_mask": "[MASK]",
               "too_few_predictions": "max_predictions_per_seq", "unreadable_vocab": "vocab_file",
-              "missing_output_dir": "does not exist"}[case]
+              "output_dir_is_a_file": "cannot create directory"}[case]
     if case == "missing_input":
         inp = str(tmp_path / "nothing_*.txt")
     elif case == "empty_corpus":
@@ -348,8 +358,9 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
         extra = ["--max_seq_length=512", "--max_predictions_per_seq=20"]
     elif case == "unreadable_vocab":
         vocab = str(tmp_path / "no_vocab.txt")
-    elif case == "missing_output_dir":
-        out = str(tmp_path / "no_dir" / "out.tfrecord")
+    elif case == "output_dir_is_a_file":
+        (tmp_path / "a_file").write_text("not a folder")
+        out = str(tmp_path / "a_file" / "out.tfrecord")
     proc = _run_script(tmp_path, f"--input_file={inp}", f"--output_file={out}", f"--vocab_file={vocab}",
                        "--num_workers=1", *extra)
     assert proc.returncode != 0

@@ -5,6 +5,7 @@ test checks the rest of the README cheaply, by reading the scripts' flag
 definitions instead of importing TensorFlow once per script.
 """
 
+import os
 import re
 
 import pytest
@@ -61,3 +62,59 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci and "bash scripts/test.sh" in README
     assert "bash scripts/quickstart.sh" in README
+
+
+# ------------------------------------------------------------------ commands that must work as a user runs them
+def readme_command_lines(script: str):
+    """Each `python <script> ...` command of the README's bash blocks, continuation lines joined, split in words."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            words = line.split("#", 1)[0].split()
+            if words[:2] == ["python", script]:
+                found.append(words[2:])
+    return found
+
+
+def test_readme_makes_bert_config_without_hand_written_json():
+    assert [w for w in readme_command_lines("create_bert_config.py")[0] if w.startswith("--size=")] == ["--size=base"]
+
+
+def test_readme_evaluates_squad_files_where_run_squad_wrote_them():
+    output_dirs = {w.split("=", 1)[1] for words in readme_command_lines("run_squad.py") for w in words
+                   if w.startswith("--output_dir=")}
+    evaluations = readme_command_lines("evaluate_squad.py")
+    assert evaluations
+    for words in evaluations:
+        files = [w for w in words if w.endswith(".json") and not w.startswith("dev-")]
+        assert files and all(os.path.dirname(f) in output_dirs for f in files), words
+
+
+def test_readme_squad_threshold_rerun_has_what_a_prediction_needs():
+    reruns = [words for words in readme_command_lines("run_squad.py")
+              if any(w.startswith("--null_score_diff_threshold=") for w in words)]
+    assert reruns, "the README shows no rerun with the recommended null threshold"
+    for words in reruns:
+        flags = {w.split("=", 1)[0] for w in words}
+        assert "--init_checkpoint" in flags or {"--bert_config_file", "--vocab_file"} <= flags, words
+        assert {"--do_predict", "--predict_file", "--output_dir", "--version_2_with_negative"} <= flags, words
+
+
+def test_readme_python_snippets_define_every_name_they_use():
+    """Run as written: no name (e.g. train_ds in the TF-Hub snippet) is used before it is imported or assigned."""
+    import ast
+    import builtins
+
+    for block in re.findall(r"```python\n(.*?)```", README, flags=re.S):
+        defined = set(dir(builtins))
+        for node in ast.parse(block).body:  # statement by statement, in order
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            targets = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                targets |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                targets.add(node.name)
+                used = set()  # a body runs later
+            missing = used - defined - targets
+            assert not missing, f"README snippet uses {sorted(missing)} before defining it:\n{block}"
+            defined |= targets

@@ -54,6 +54,10 @@ COVERED_ELSEWHERE = {
         ["test_checkpoints.py::test_mismatched_config_errors"],
     "GLUE/CSV: wrong column count, unknown label, non-UTF-8, empty file":
         ["test_glue.py::test_bad_rows_give_one_line_errors"],
+    "vocab of another size than the checkpoint's (fine-tuning, export, extract_features)":
+        ["test_run_classifier.py::test_vocab_that_does_not_fit_the_checkpoint_is_one_line",
+         "test_export.py::test_checkpoint_export_refuses_a_vocab_that_does_not_fit_the_checkpoint",
+         "test_extract_features.py::test_script_takes_a_checkpoint_folder_and_refuses_another_vocab"],
     "SQuAD: answer_start not matching the text":
         ["test_squad.py::test_answer_start_that_does_not_match_the_text_is_an_error"],
     "SQuAD: missing keys, empty context, bad JSON or bytes":

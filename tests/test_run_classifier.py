@@ -102,6 +102,35 @@ def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model_files, tmp_pat
     assert not (out / "eval_results.txt").exists()
 
 
+def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model_files, tmp_path):
+    """A vocab of another size than the checkpoint's embeddings (e.g. a 4,259-token domain vocab with a
+    30,522-token model) would fine-tune without any error; it is refused before anything is written."""
+    from bert_tf.checkpoints import write_tf1_checkpoint
+    from bert_tf.configs import BertConfig
+    from bert_tf.models import BertEncoder
+
+    ckpt = tmp_path / "model" / "bert_model.ckpt"
+    write_tf1_checkpoint(BertEncoder(BertConfig(**TINY_CONFIG)), str(ckpt))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    previous = ["checkpoint", "ckpt-3.index"]  # a previous run, which even --overwrite_output_dir keeps here
+    for name in previous:
+        (out / name).write_text("previous run")
+    other = tmp_path / "domain_vocab.txt"
+    other.write_text("\n".join(TINY_VOCAB[:-5]) + "\n")
+    result = run_classifier("--task_name=user", f"--data_dir={DATA}", "--index_column=id", f"--vocab_file={other}",
+                            f"--bert_config_file={tiny_model_files / 'bert_config.json'}", f"--init_checkpoint={ckpt}",
+                            f"--output_dir={out}", "--max_seq_length=32", "--do_train", "--do_eval",
+                            "--overwrite_output_dir")
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"error: {other}: {len(TINY_VOCAB) - 5} tokens but {ckpt} has vocab_size {len(TINY_VOCAB)}; "
+                    "use the checkpoint's vocab (or an extension of it: create_vocab.py --extend_vocab)"), \
+        result.stderr[-2000:]
+    assert sorted(os.listdir(out)) == sorted(["keep.txt", *previous])
+
+
 def test_no_action_flag(tiny_model_files, tmp_path):
     result = run_classifier(*user_task_args(tiny_model_files, tmp_path / "out"))
     assert result.returncode != 0 and "at least one of --do_train" in result.stderr

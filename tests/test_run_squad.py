@@ -9,6 +9,8 @@ import json
 import math
 import os
 import random
+import re
+import shutil
 import subprocess
 import sys
 
@@ -155,11 +157,33 @@ def test_v2_learns_and_reports_official_metrics(trained_v2):
     # An untrained head finds no number (exact ~0); the fine-tuned one finds it and spots its absence.
     assert results["HasAns_exact"] >= 90 and results["NoAns_exact"] >= 80, results
     assert results["best_f1"] >= results["f1"]
-    if results["best_f1"] > results["f1"]:
-        assert f"--null_score_diff_threshold={results['best_f1_thresh']:.4f} to use it" in stderr
-    else:
+    if re.search(r"predict with --null_score_diff_threshold=\S+ for f1 ", stderr) is None:
         assert "best null threshold: none better than the one used (0," in stderr
     assert list((out / "eval").glob("events.out.tfevents.*"))  # dev metrics for TensorBoard
+
+
+def test_v2_recommended_threshold_passed_back_gives_the_logged_f1(files, trained_v2, tmp_path):
+    """The README's rerun: predict again from the trained output_dir with the threshold the log names."""
+    out, stderr = trained_v2
+    dev = json.loads((files / "dev.json").read_text())["data"]
+    predictions = json.loads((out / "predictions.json").read_text())
+    null_odds = json.loads((out / "null_odds.json").read_text())
+    f1, threshold = squad_metrics.best_null_threshold(dev, predictions, null_odds)
+    found = re.search(r"predict with --null_score_diff_threshold=(\S+) for f1 (\S+)", stderr)
+    if found is None:  # the threshold used was already the best
+        assert f1 <= read_eval_results(out / "eval_results.txt")[0]["f1"]
+        threshold = 0.0
+    else:
+        assert float(found.group(1)) == threshold and float(found.group(2)) == pytest.approx(f1, abs=1e-4)
+    rerun = tmp_path / "rerun"
+    shutil.copytree(out, rerun)
+    result = run_squad(f"--init_checkpoint={rerun}", *WINDOW_ARGS, f"--output_dir={rerun}",
+                       "--version_2_with_negative", "--do_predict", f"--predict_file={files / 'dev.json'}",
+                       f"--n_best_size={N_BEST}", f"--null_score_diff_threshold={threshold}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = read_eval_results(rerun / "eval_results.txt")[0]
+    assert again["f1"] == pytest.approx(f1, abs=1e-9)
+    assert again["f1"] >= read_eval_results(out / "eval_results.txt")[0]["f1"]
 
 
 def test_builtin_eval_equals_the_official_command(files, trained_v2):
@@ -259,9 +283,11 @@ def test_read_inputs_on_real_layouts(shared):
 def test_best_threshold_advice(caplog):
     from bert_tf.runners.squad import _log_best_threshold
 
-    metrics = dict(f1=70.0, best_f1=75.5, best_f1_thresh=-2.25, best_exact=72.0, best_exact_thresh=-3.0)
+    metrics = dict(f1=70.0, best_f1=75.5, best_f1_thresh=0.0, best_exact=72.0, best_exact_thresh=0.0)
     with caplog.at_level("INFO", logger="bert_tf.squad"):
-        _log_best_threshold(metrics, 0.0)
-        _log_best_threshold(dict(metrics, best_f1=70.0, best_f1_thresh=0.0), -1.0)
-    assert "predict with --null_score_diff_threshold=-2.2500 to use it" in caplog.messages[0]
+        _log_best_threshold(metrics, 0.0, (75.5, -1.0))
+        _log_best_threshold(dict(metrics, best_f1=70.0), -1.0, (70.0, -1.0))
+    # The official best_f1_thresh (0.0 for "no answer anywhere") is named as such, not recommended.
+    assert "official best_f1_thresh 0.0000" in caplog.messages[0]
+    assert "predict with --null_score_diff_threshold=-1.0 for f1 75.5000" in caplog.messages[0]
     assert "none better than the one used (-1, f1 70.0000)" in caplog.messages[1]

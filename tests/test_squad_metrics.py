@@ -57,6 +57,60 @@ def test_v2_scores_and_threshold_search_by_hand():
     assert result["best_f1"] == pytest.approx(100 * (2 + 1 + 2 / 3) / 4) and result["best_f1_thresh"] == 0.2
 
 
+def _predict_with(preds, null_odds, threshold):
+    """What the post-processing predicts with --null_score_diff_threshold=threshold: "" where the
+    null score beats the best span by more than the threshold (bert_tf.tasks.squad.compute_predictions)."""
+    return {q: "" if null_odds[q] > threshold else text for q, text in preds.items()}
+
+
+def test_recommended_threshold_reproduces_best_f1_with_all_negative_null_odds():
+    # Three unanswerable questions, one answerable that the model gets wrong; every null odd is
+    # negative, so with the default threshold 0.0 everything is answered (F1 0).
+    data = _dataset([("h1", ["red fox"]), ("n1", []), ("n2", []), ("n3", [])])
+    spans = {"h1": "blue", "n1": "dog", "n2": "cat", "n3": "hat"}  # each question's best span
+    odds = {"h1": -0.259, "n1": -0.531, "n2": -0.4, "n3": -0.3}
+    preds = _predict_with(spans, odds, 0.0)
+    official = squad_metrics.evaluate_v2(data, preds, odds)
+    assert official["f1"] == 0.0
+    # The official numbers stay as the official script reports them: "no answer everywhere" is best
+    # (75), reported at the script's initial threshold 0.0, which would answer everything again.
+    assert official["best_f1"] == 75.0 and official["best_f1_thresh"] == 0.0
+    assert squad_metrics.evaluate_v2(data, _predict_with(spans, odds, 0.0), odds)["f1"] == 0.0
+    # The threshold we recommend lies below the smallest null odd and gives that best F1 when passed back.
+    best_f1, threshold = squad_metrics.best_null_threshold(data, preds, odds)
+    assert best_f1 == 75.0 and threshold < min(odds.values())
+    assert threshold == -1.0  # the shortest number that does it
+    assert squad_metrics.evaluate_v2(data, _predict_with(spans, odds, threshold), odds)["f1"] == 75.0
+
+
+def test_recommended_threshold_splits_between_null_odds():
+    # Answering h2 and h1 (the two lowest odds) and nothing else is best; the threshold lies at or above
+    # h1's odd and below the next one, where the official sweep's own threshold also works.
+    data = _dataset([("h1", ["red fox"]), ("h2", ["cat"]), ("n1", []), ("n2", [])])
+    spans = {"h1": "red", "h2": "cat", "n1": "owl", "n2": "dog"}
+    odds = {"h1": -1.23456, "h2": -2.5, "n1": -1.2345, "n2": 0.7}
+    preds = _predict_with(spans, odds, 0.0)
+    official = squad_metrics.evaluate_v2(data, preds, odds)
+    best_f1, threshold = squad_metrics.best_null_threshold(data, preds, odds)
+    assert best_f1 == pytest.approx(official["best_f1"]) == pytest.approx(100 * (2 + 1 + 2 / 3) / 4)
+    assert -1.23456 <= threshold < -1.2345 and len(str(threshold)) <= len("-1.23456")
+    assert squad_metrics.evaluate_v2(data, _predict_with(spans, odds, threshold), odds)["f1"] == \
+        pytest.approx(best_f1)
+    # Answering everything is best: any threshold at or above the largest odd, the shortest one.
+    answerable = _dataset([("h1", ["red fox"]), ("h2", ["cat"]), ("h3", ["owl"])])
+    spans, odds = {"h1": "red fox", "h2": "cat", "h3": "owl"}, {"h1": -1.2, "h2": -2.5, "h3": 0.7}
+    best_f1, threshold = squad_metrics.best_null_threshold(answerable, _predict_with(spans, odds, 1.0), odds)
+    assert best_f1 == 100.0 and threshold == 1.0
+    # Equal odds go together: a threshold cannot answer one of two questions with the same odd.
+    odds = {"h1": -1.0, "h2": -1.0, "n1": -1.0, "n2": -1.0}
+    spans = {"h1": "red fox", "h2": "cat", "n1": "owl", "n2": "dog"}
+    preds = _predict_with(spans, odds, 0.0)
+    assert squad_metrics.evaluate_v2(data, preds, odds)["best_f1"] == 100.0  # the sweep splits the tie
+    best_f1, threshold = squad_metrics.best_null_threshold(data, preds, odds)
+    assert best_f1 == 50.0 and threshold < -1.0
+    assert squad_metrics.evaluate_v2(data, _predict_with(spans, odds, threshold), odds)["f1"] == 50.0
+
+
 def test_v2_missing_prediction_or_probability_is_an_error():
     data = _dataset([("h1", ["cat"]), ("n1", [])])
     with pytest.raises(TaskDataError, match="no prediction for question id n1"):

@@ -101,15 +101,19 @@ def _script(tmp_path, *args):
 def test_script_and_errors(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(_corpus_lines()) + "\n")
-    out = tmp_path / "vocab.txt"
+    out = tmp_path / "vocabs" / "kjv" / "vocab.txt"  # folders that do not exist yet are created
     proc = _script(tmp_path, f"--input_file={corpus}", f"--vocab_file={out}", "--vocab_size=220")
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 220 and "[UNK] 0.0000%" in proc.stderr
-    for args, expected in ((["--input_file=nothing*.txt"], "matches no file"),
-                           ([f"--input_file={corpus}", "--vocab_size=50"], "vocab_size"),):
-        proc = _script(tmp_path, *args, f"--vocab_file={tmp_path}/v2.txt")
+    (tmp_path / "a_file").write_text("not a folder")
+    for args, expected, vocab_file in (
+            (["--input_file=nothing*.txt"], "matches no file", tmp_path / "v2.txt"),
+            ([f"--input_file={corpus}", "--vocab_size=50"], "vocab_size", tmp_path / "v2.txt"),
+            ([f"--input_file={corpus}", "--vocab_size=220"], "cannot create directory", tmp_path / "a_file" / "v2.txt")):
+        proc = _script(tmp_path, *args, f"--vocab_file={vocab_file}")
         assert proc.returncode != 0
         assert proc.stderr.strip().splitlines()[-1].startswith("create_vocab.py: error:") and expected in proc.stderr
+        assert "Traceback" not in proc.stderr
         assert not (tmp_path / "v2.txt").exists()
 
 

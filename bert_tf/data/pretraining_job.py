@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from bert_tf import fileio
 from bert_tf.data import pretraining, schema, text_input
 
 logger = logging.getLogger("bert_tf.data")
@@ -233,10 +234,11 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
     except text_input.InputError as e:
         raise PretrainingDataError(str(e)) from None
     paths = output_paths(config)
-    for p in paths:
-        parent = os.path.dirname(os.path.abspath(p))
-        if not os.path.isdir(parent):
-            raise PretrainingDataError(f"output_file: directory {parent} does not exist")
+    for p in paths:  # missing folders are made, as `mkdir -p`
+        try:
+            fileio.make_parent_dirs(os.path.abspath(p))
+        except OSError as e:
+            raise PretrainingDataError(f"output_file: {e}") from None
     num_workers = config.num_workers or os.cpu_count() or 1
     logger.info("*** Reading from %d input file(s), %d worker(s) ***", len(input_files), num_workers)
     for f in input_files:

@@ -28,6 +28,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from bert_tf import fileio
+
 PAIR_SEPARATOR = " ||| "
 # The original's rule: greedy, so the last " ||| " of a line splits the pair.
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -219,6 +221,7 @@ def extract_features(
             return [combine_layers(outputs, combination, weights)]  # [B, S, H']
         return [tf.cast(outputs[i], tf.float32) for i in layers]  # each [B, S, H]
 
+    fileio.make_parent_dirs(output_file)
     tmp = f"{output_file}.tmp-{os.getpid()}"
     count = 0
     with tf.io.gfile.GFile(tmp, "w") as out:

@@ -11,8 +11,10 @@ Files written into output_dir, as the original: `predictions.json` {id: text},
 for v2.0, `null_odds.json` {id: score_null - best_non_null}. When the predict file
 carries answers, the official evaluation runs on the predictions and its numbers go
 to `eval_results.txt` (`key = value`, the official scripts' keys) and TensorBoard
-(`output_dir/eval`). For v2.0 the evaluation's `best_f1_thresh` is the
-`null_score_diff_threshold` to predict with next time. `eval_every_steps` evaluates
+(`output_dir/eval`). For v2.0 the log names the `null_score_diff_threshold` to predict with
+next time: one that gives the evaluation's best F1 when passed back (the official
+`best_f1_thresh` is kept in eval_results.txt as the official script reports it, but it
+is not always that threshold: squad_metrics.best_null_threshold). `eval_every_steps` evaluates
 during training and keeps the best model (v1.1 by f1, v2.0 by best_f1) in `output_dir/best`.
 
 Loss: the mean of the start and end cross-entropies (docs/reference.md §3). Unlike the
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tasks import TaskDataError, squad, squad_metrics
@@ -169,18 +171,21 @@ def evaluate_predictions(dev_data: list, predictions, null_odds, cfg: SquadRunCo
     return dict(squad_metrics.evaluate_v2(dev_data, predictions, null_odds, na_prob_thresh))
 
 
-def _log_best_threshold(m: Dict[str, float], used: float) -> None:
-    """Reports the v2.0 evaluation's best null threshold and how to use it.
+def _log_best_threshold(m: Dict[str, float], used: float, best: Tuple[float, float]) -> None:
+    """Reports the v2.0 evaluation's best null threshold and the value to predict with.
 
-    The official sweep answers questions in order of rising null odds with their
-    *predicted* text, and those above the threshold used were predicted "": it can
-    only find thresholds at or below the one used (docs/reference.md §7: typically -1..-5,
-    so predict with the default 0.0 first).
+    `m` holds the official numbers (best_f1 at best_f1_thresh, as the official script reports them);
+    `best` = (F1, threshold) of squad_metrics.best_null_threshold: the threshold that gives that F1
+    when passed back as --null_score_diff_threshold. The sweep answers questions in order of rising
+    null odds with their *predicted* text, and those above the threshold used were predicted "": it can
+    only find thresholds at or below the one used (docs/reference.md §7: typically -1..-5, so predict
+    with the default 0.0 first).
     """
-    if m["best_f1"] > m["f1"]:
-        logger.info("best null threshold: best_f1 %.4f at %.4f (best_exact %.4f at %.4f) vs f1 %.4f at %g; "
-                    "predict with --null_score_diff_threshold=%.4f to use it", m["best_f1"], m["best_f1_thresh"],
-                    m["best_exact"], m["best_exact_thresh"], m["f1"], used, m["best_f1_thresh"])
+    f1, threshold = best
+    if f1 > m["f1"]:
+        logger.info("best null threshold: best_f1 %.4f (official best_f1_thresh %.4f; best_exact %.4f) vs f1 %.4f "
+                    "at %g; predict with --null_score_diff_threshold=%s for f1 %.4f", m["best_f1"],
+                    m["best_f1_thresh"], m["best_exact"], m["f1"], used, threshold, f1)
     else:
         logger.info("best null threshold: none better than the one used (%g, f1 %.4f); a higher "
                     "--null_score_diff_threshold lets the evaluation try answering more questions", used, m["f1"])
@@ -226,6 +231,7 @@ class SquadTask(FinetuneTask):
     def __init__(self, cfg: SquadRunConfig, inputs: SquadInputs):
         self.cfg, self.inputs = cfg, inputs
         self.metrics = None  # of the latest score
+        self.best_threshold = None  # v2.0: (F1, null threshold that gives it) of the latest score
         self.eval_splits = (EVAL_SPLIT,) if inputs.dev_data is not None else ()
         self.primary_metric = "best_f1" if cfg.version_2_with_negative else "f1"
 
@@ -265,6 +271,8 @@ class SquadTask(FinetuneTask):
             cfg.do_lower_case, cfg.version_2_with_negative, cfg.null_score_diff_threshold)
         self.metrics = None if self.inputs.dev_data is None else \
             evaluate_predictions(self.inputs.dev_data, decoded[0], decoded[2], cfg)
+        if self.metrics is not None and cfg.version_2_with_negative:
+            self.best_threshold = squad_metrics.best_null_threshold(self.inputs.dev_data, decoded[0], decoded[2])
         return self.metrics, decoded
 
     def write(self, output_dir, split, data, decoded):
@@ -278,7 +286,7 @@ class SquadTask(FinetuneTask):
             logger.info("%s has no reference answers: predictions only, no evaluation", cfg.predict_file)
         if cfg.version_2_with_negative:
             if self.metrics is not None:
-                _log_best_threshold(self.metrics, cfg.null_score_diff_threshold)
+                _log_best_threshold(self.metrics, cfg.null_score_diff_threshold, self.best_threshold)
             odds = np.array(list(null_odds.values()), np.float64)
             logger.info("null odds (score_null - best_non_null): min %.3f median %.3f max %.3f",
                         odds.min(), float(np.median(odds)), odds.max())

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import re
 import string
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from bert_tf.tasks import TaskDataError, read_text
 
@@ -182,6 +183,57 @@ def _find_best_thresh(preds, scores, na_probs, qid_to_has_ans):
             best_score = cur_score
             best_thresh = na_probs[qid]
     return 100.0 * best_score / len(scores), best_thresh
+
+
+def _shortest_in(low: float, high: float) -> float:
+    """The number with the fewest decimals in [low, high) (low when none shorter is found)."""
+    for decimals in range(16):
+        scale = 10.0 ** decimals
+        value = math.ceil(low * scale) / scale + 0.0  # + 0.0: no "-0.0"
+        if low <= value < high:
+            return value
+    return low
+
+
+def best_null_threshold(dataset: list, preds: Mapping[str, str], na_probs: Mapping[str, float],
+                        key: str = "f1") -> Tuple[float, float]:
+    """(best score, threshold): the null-score threshold that gives the best `key` ("f1" or "exact")
+    when the post-processing runs again with it, i.e. answers exactly the questions whose
+    na_probs (null odds) are at or below it.
+
+    The official sweep's best_*_thresh cannot always be passed back: when answering nothing is best it
+    reports its starting value 0.0 (which answers every question whose odd is negative), and it may split
+    questions of equal odds that no threshold separates. This sweep moves over distinct odds only and
+    returns a threshold strictly inside the best gap: below the smallest odd for "no answer anywhere",
+    at or above the largest for "answer everything", otherwise at or above the last odd answered and
+    below the next; the shortest such number, so that printing it does not move it. As with the
+    official sweep, `preds` are the predictions made, so only thresholds up to the one used are found.
+    """
+    qid_to_has_ans = _qid_to_has_ans(dataset)
+    exact_raw, f1_raw, missing = _raw_scores(dataset, preds)
+    if missing:
+        raise TaskDataError(f"predictions: no prediction for question id {missing[0]} ({len(missing)} missing)")
+    scores = f1_raw if key == "f1" else exact_raw
+    gains: dict = collections.defaultdict(float)  # odd -> score change when its questions are answered
+    for qid, score in scores.items():
+        if qid_to_has_ans[qid]:
+            gains[na_probs[qid]] += score
+        elif preds[qid]:
+            gains[na_probs[qid]] -= 1
+    odds = sorted(gains)
+    current = best = sum(1 for has_ans in qid_to_has_ans.values() if not has_ans)
+    answered = 0  # how many distinct odds the best threshold answers
+    for i, odd in enumerate(odds):
+        current += gains[odd]
+        if current > best:
+            best, answered = current, i + 1
+    if answered == 0:
+        low, high = odds[0] - 1.0, odds[0]
+    elif answered == len(odds):
+        low, high = odds[-1], odds[-1] + 1.0
+    else:
+        low, high = odds[answered - 1], odds[answered]
+    return 100.0 * best / len(scores), _shortest_in(low, high)
 
 
 def evaluate_v2(

@@ -8,6 +8,7 @@ from bert_tf.tokenization.full import (  # noqa: F401
     VocabError,
     WordpieceTokenizer,
     check_special_tokens,
+    check_vocab_fits,
     convert_to_unicode,
     load_vocab,
 )

@@ -250,3 +250,24 @@ def check_special_tokens(vocab: Dict[str, int], vocab_file: str, required=SPECIA
     missing = [t for t in required if t not in vocab]
     if missing:
         raise VocabError(f"{vocab_file}: vocab has no {', '.join(missing)} token")
+
+
+def check_vocab_fits(vocab_file: str, vocab_size: int, checkpoint: Optional[str] = None) -> int:
+    """One clear error when `vocab_file` does not belong to a model with `vocab_size` embedding rows.
+
+    Every id the vocab makes (its special tokens among them) must have a row. With a `checkpoint`
+    the vocab must be exactly the checkpoint's size: fewer entries than its embeddings is another
+    model's vocab (a domain vocab, a cased one for an uncased model), which would train and run
+    without any error while every id means something else. An extension of the checkpoint's vocab
+    (create_vocab.py --extend_vocab) keeps its size. Returns the vocab's size.
+    """
+    size = len(load_vocab(vocab_file))
+    if checkpoint and size != vocab_size:
+        raise VocabError(
+            f"{vocab_file}: {size} tokens but {checkpoint} has vocab_size {vocab_size}; use the checkpoint's "
+            "vocab (or an extension of it: create_vocab.py --extend_vocab)")
+    if size > vocab_size:
+        raise VocabError(
+            f"{vocab_file}: {size} tokens but the model's vocab_size is {vocab_size}; this vocab does not "
+            "belong to this model")
+    return size

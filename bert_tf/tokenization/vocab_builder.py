@@ -157,17 +157,10 @@ def learn_wordpiece_vocab(word_counts: Dict[str, int], vocab_size: int = DEFAULT
 
 
 def write_vocab(path: str, vocab: List[str]) -> None:
-    """One token per line, through a temporary name (local files without TensorFlow)."""
-    text = "".join(t + "\n" for t in vocab)
-    if "://" in path:
-        from bert_tf.configs import write_text_atomic
+    """One token per line, through a temporary name, its folders created (local files need no TensorFlow)."""
+    from bert_tf.fileio import write_text_atomic
 
-        write_text_atomic(path, text)
-        return
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(t + "\n" for t in vocab))
 
 
 def word_stats(vocab: List[str], word_counts: Dict[str, int], unk_token: str = "[UNK]") -> Dict[str, float]:

@@ -117,21 +117,12 @@ class PretrainingConfig:
         if not self.do_train and not self.do_eval:
             raise PretrainingError("at least one of do_train or do_eval must be True")
         if self.vocab_file:
-            from bert_tf.tokenization import VocabError, load_vocab
+            from bert_tf.tokenization import VocabError, check_vocab_fits
 
             try:
-                vocab_size = len(load_vocab(self.vocab_file))
+                check_vocab_fits(self.vocab_file, self.bert_config.vocab_size, self.init_checkpoint)
             except VocabError as e:
                 raise PretrainingError(str(e)) from None
-            if self.init_checkpoint and vocab_size != self.bert_config.vocab_size:
-                raise PretrainingError(
-                    f"{self.vocab_file}: {vocab_size} tokens but {self.init_checkpoint} has vocab_size "
-                    f"{self.bert_config.vocab_size}; make the data with the checkpoint's vocab (or an extension "
-                    "of it: create_vocab.py --extend_vocab)")
-            if vocab_size > self.bert_config.vocab_size:
-                raise PretrainingError(
-                    f"{self.vocab_file}: {vocab_size} tokens but the model's vocab_size is "
-                    f"{self.bert_config.vocab_size}; this vocab does not belong to this model")
         if self.max_seq_length > self.bert_config.max_position_embeddings:
             raise PretrainingError(
                 f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
