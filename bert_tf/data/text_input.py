@@ -61,6 +61,19 @@ def _open_text(path: str):
     return open(path, "r", encoding="utf-8", errors="ignore")
 
 
+def unreadable(path: str, error: BaseException) -> InputError:
+    return InputError(f"{path}: cannot read it ({' '.join(str(error).split()) or type(error).__name__})")
+
+
+def check_readable(path: str) -> None:
+    """Raises InputError naming the file when it cannot be opened and read."""
+    try:
+        with _open_text(path) as f:
+            f.read(1)
+    except (OSError, EOFError) as e:
+        raise unreadable(path, e) from None
+
+
 def detect_format(path: str) -> str:
     with _open_text(path) as f:
         for line in f:
@@ -141,7 +154,7 @@ def read_file_documents(path: str, input_format: str = AUTO) -> Iterator[RawDocu
             for lines in docs:
                 yield RawDocument(lines, fmt == WIKI, sum(len(s) + 1 for s in lines))
     except (OSError, EOFError) as e:  # unreadable, truncated or corrupt (.gz) files
-        raise InputError(f"{path}: cannot read it ({' '.join(str(e).split()) or type(e).__name__})") from None
+        raise unreadable(path, e) from None
 
 
 def input_size_bytes(paths: Sequence[str]) -> int:

@@ -1,0 +1,177 @@
+"""create_pretraining_data on Apache Beam: the local tool's blocks, seeds and records, written by many workers.
+
+    input files --Reshuffle--> per file: its blocks (text_input.iter_file_blocks)
+      --Reshuffle--> per block: BlockWorker.run (the local tool's code) -> records,
+         written as one temporary block file
+      --all block descriptors--> blocks assigned to shards (balanced, by block key)
+      --GroupByKey(shard)--> per shard: its block files, interleaved in a seeded random order
+         -> a temporary shard file
+      --all shards done--> renamed to the final names; temporary files deleted
+
+Same records: a block is the local tool's block (documents of one file) and
+BlockWorker computes it with the same seeds, so the pipeline writes the local
+tool's multiset of records. Deterministic: which shard a block goes to and the
+order inside a shard depend only on the block keys, their record counts and
+random_seed, so each shard has the same bytes for any number of workers and on
+any runner. Bounded: a worker holds one block's records at a time; a shard is
+streamed from its block files (at most MAX_OPEN_BLOCKS open at once).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from bert_tf.beam import common
+from bert_tf.data import pretraining_job, schema, text_input
+
+logger = logging.getLogger("bert_tf.beam")
+
+MAX_OPEN_BLOCKS = 256  # block files a shard writer reads at once; a shard's blocks interleave in groups this size
+Descriptor = Tuple[Tuple[int, int], str, int]  # (block key, temporary block file, records)
+
+
+def _block_path(temp_dir: str, key: Tuple[int, int]) -> str:
+    return FileSystems.join(temp_dir, f"block-{key[0]:06d}-{key[1]:08d}.tfrecord")
+
+
+def _read_blocks(item: Tuple[int, str], input_format: str, block_bytes: int) -> Iterator[text_input.Block]:
+    file_index, path = item
+    try:
+        yield from text_input.iter_file_blocks(path, file_index, input_format, block_bytes)
+    except text_input.InputError as e:
+        raise common.BeamJobError(str(e)) from None
+
+
+class _Instances(beam.DoFn):
+    """One block -> its records (the local tool's BlockWorker) in a temporary file; emits the block's descriptor."""
+
+    def __init__(self, config: pretraining_job.PretrainingDataConfig, vocab: Dict[str, int], temp_dir: str):
+        self.config, self.vocab, self.temp_dir = config, vocab, temp_dir
+        self.worker = None
+
+    def setup(self):
+        self.worker = pretraining_job.BlockWorker(self.config, self.vocab)
+
+    def process(self, block: text_input.Block):
+        key, num_docs, _, records = self.worker.run(block)
+        beam.metrics.Metrics.counter("bert_tf", "documents").inc(num_docs)
+        beam.metrics.Metrics.counter("bert_tf", "instances").inc(len(records))
+        if not records:
+            return
+        path = _block_path(self.temp_dir, key)
+        with FileSystems.create(path) as f:  # a retried bundle rewrites the same bytes
+            f.write(b"".join(records))
+        yield key, path, len(records)
+
+
+def assign_shards(descriptors: Sequence[Descriptor], num_shards: int) -> List[Tuple[int, Descriptor]]:
+    """(shard, descriptor) pairs: blocks in key order, each to the shard with the fewest records so far.
+
+    Depends only on the keys and record counts, so every run agrees; shards differ by at most one block.
+    """
+    heap = [(0, s) for s in range(num_shards)]
+    out = []
+    for d in sorted(descriptors):
+        count, shard = heapq.heappop(heap)
+        out.append((shard, d))
+        heapq.heappush(heap, (count + d[2], shard))
+    return out
+
+
+class _WriteShard(beam.DoFn):
+    """One shard's block files -> the shard's temporary file, records interleaved in a seeded random order."""
+
+    def __init__(self, final_paths: List[str], temp_dir: str, seed: int, gzip_output: bool):
+        self.final_paths, self.temp_dir, self.seed, self.gzip_output = final_paths, temp_dir, seed, gzip_output
+
+    def process(self, item):
+        shard, descriptors = item
+        descriptors = sorted(d for d in descriptors if d is not None)
+        final = self.final_paths[shard]
+        tmp = common.temp_name(final, self.temp_dir)
+        rng = pretraining_job.rngs(self.seed, pretraining_job.SHARD_ORDER_STREAM, shard)[1]
+        written = 0
+        with FileSystems.create(tmp) as raw:
+            out = schema.gzip_stream(raw) if self.gzip_output else raw
+            for start in range(0, len(descriptors), MAX_OPEN_BLOCKS):
+                written += _interleave(descriptors[start:start + MAX_OPEN_BLOCKS], out, rng)
+            if out is not raw:
+                out.close()
+        yield tmp, final, written
+
+
+def _interleave(descriptors: Sequence[Descriptor], out, rng: np.random.Generator) -> int:
+    """Writes the records of these block files in a uniformly random interleaving (each file's order kept)."""
+    counts = np.array([d[2] for d in descriptors], dtype=np.int64)
+    order = np.repeat(np.arange(len(descriptors), dtype=np.int32), counts)
+    rng.shuffle(order)
+    files = [FileSystems.open(d[1]) for d in descriptors]
+    try:
+        readers = [schema.iter_framed(f, d[1]) for f, d in zip(files, descriptors, strict=True)]
+        for i in order.tolist():
+            out.write(next(readers[i])[0])
+    finally:
+        for f in files:
+            f.close()
+    return int(counts.sum())
+
+
+def _publish(shards: List[Tuple[str, str, int]], temp_dir: str, input_files: List[str]) -> Iterator[int]:
+    total = sum(n for _, _, n in shards)
+    if total == 0:
+        raise common.BeamJobError(str(pretraining_job.empty_corpus_error(input_files)))
+    common.publish((tmp, final) for tmp, final, _ in shards)
+    common.remove_dir(temp_dir)
+    yield total
+
+
+def build(pipeline: beam.Pipeline, config: pretraining_job.PretrainingDataConfig, vocab: Dict[str, int],
+          input_files: List[str], paths: List[str], temp_dir: str):
+    """Adds the pipeline's steps; returns the PCollection of the total record count (one element)."""
+    n = len(paths)  # every output file is a shard (several output_file entries and/or --num_output_shards)
+    blocks = (pipeline
+              | "Files" >> beam.Create(list(enumerate(input_files)))
+              | "SpreadFiles" >> beam.Reshuffle()
+              | "Blocks" >> beam.FlatMap(_read_blocks, config.input_format, config.block_bytes)
+              | "SpreadBlocks" >> beam.Reshuffle())
+    descriptors = blocks | "Instances" >> beam.ParDo(_Instances(config, vocab, temp_dir))
+    assigned = (descriptors
+                | "AllBlocks" >> beam.combiners.ToList()
+                | "AssignShards" >> beam.FlatMap(assign_shards, n))
+    every_shard = pipeline | "Shards" >> beam.Create([(s, None) for s in range(n)])  # empty shards are written too
+    shards = ((assigned, every_shard) | "WithEmpty" >> beam.Flatten() | "ByShard" >> beam.GroupByKey()
+              | "WriteShards" >> beam.ParDo(_WriteShard(paths, temp_dir, config.random_seed, config.gzip)))
+    return (shards
+            | "AllShards" >> beam.combiners.ToList()
+            | "Publish" >> beam.FlatMap(_publish, temp_dir, input_files))
+
+
+def run(config: pretraining_job.PretrainingDataConfig, beam_args: Sequence[str] = (), runner=None) -> Dict:
+    """Checks everything the local tool checks, runs the pipeline, returns a summary.
+
+    Raises PretrainingDataError or BeamJobError (one line); no final output exists unless all of it was written.
+    """
+    vocab, input_files, paths = pretraining_job.prepare(config, remote_outputs=True)
+    for path in input_files:  # an unreadable file fails here, before any worker starts
+        text_input.check_readable(path)
+    options = common.pipeline_options(beam_args, runner, config.num_workers)
+    if common.is_local(options):
+        common.quiet_local_logs()
+    temp_dir = common.temp_dir_for(paths[0])
+    logger.info("*** Beam (%s): %d input file(s) -> %d output file(s) ***", options.get_all_options()["runner"],
+                len(input_files), len(paths))
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, config, vocab, input_files, paths, temp_dir)
+    try:
+        result = common.run(pipeline)
+    finally:
+        common.remove_dir(temp_dir)
+    instances = common.counter(result, "instances")
+    logger.info("Wrote %s total instances to %d file(s)", instances, len(paths))
+    return {"output_files": paths, "instances": instances, "documents": common.counter(result, "documents")}
