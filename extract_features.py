@@ -10,12 +10,17 @@
 
 --init_checkpoint may be an original TF1 checkpoint, one of ours, or a Hugging Face folder
 (model.safetensors + config.json; then --bert_config_file and --vocab_file default to the folder's).
+
+On Apache Beam (README "Beyond one machine"): --runner (and Beam's pipeline options); --input_file
+takes comma-separated globs; JSONL shards <output_file>-0000i-of-0000N hold the lines the
+single-process run writes, file by file, in order (linex_index counts lines within each file).
 """
 
-import os
 import sys
 
 from absl import app, flags
+
+import bert_flags
 
 FLAGS = flags.FLAGS
 
@@ -36,16 +41,24 @@ flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; ignored.")
 flags.DEFINE_string("master", None, "Accepted for compatibility; ignored.")
 flags.DEFINE_integer("num_tpu_cores", 8, "Accepted for compatibility; ignored.")
 flags.DEFINE_bool("use_one_hot_embeddings", False, "Accepted for compatibility; ignored.")
+flags.DEFINE_integer("num_output_shards", 1, "With --runner: JSONL files <output_file>-0000i-of-0000N, rows in "
+                     "input order across them.")
+flags.DEFINE_integer("num_workers", 0, "With --runner=DirectRunner: local worker processes (0 = all cores).")
+bert_flags.define_beam_flags()
 flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 
 def main(argv):
-    del argv
+    beam_args = bert_flags.beam_args(argv, "extract_features.py")
     from bert_tf import checkpoints
-    from bert_tf.configs import BertConfig, ConfigError, read_run_info
-    from bert_tf.models import BertEncoder
-    from bert_tf.models.feature_extraction import extract_features, parse_layer_combination, read_examples
-    from bert_tf.tokenization import FullTokenizer, VocabError
+    from bert_tf.configs import ConfigError
+    from bert_tf.models.feature_extraction import (
+        ExtractorSettings,
+        parse_layer_combination,
+        read_examples,
+        write_features,
+    )
+    from bert_tf.tokenization import VocabError
 
     try:
         layers = [int(x) for x in FLAGS.layers.split(",")]
@@ -62,33 +75,22 @@ def main(argv):
     except ValueError as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
+    settings = ExtractorSettings(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
+                                 FLAGS.max_seq_length, tuple(layers), FLAGS.layer_combination,
+                                 None if mix_weights is None else tuple(mix_weights))
     try:
-        fmt = checkpoints.detect_format(FLAGS.init_checkpoint)
-        folder = (
-            FLAGS.init_checkpoint if os.path.isdir(FLAGS.init_checkpoint) else os.path.dirname(FLAGS.init_checkpoint)
-        )
-        if FLAGS.bert_config_file:
-            config = BertConfig.from_json_file(FLAGS.bert_config_file)
-        elif fmt == "hf":
-            config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
-        else:
-            raise ConfigError("--bert_config_file is required for a TF1 or bert_tf checkpoint")
-        vocab_file = FLAGS.vocab_file or os.path.join(folder, "vocab.txt")
-        if FLAGS.max_seq_length > config.max_position_embeddings:
-            raise ConfigError(
-                f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings "
-                f"{config.max_position_embeddings} of the bert_config"
-            )
-        tokenizer = FullTokenizer(vocab_file, do_lower_case=FLAGS.do_lower_case)
-        # A left-to-right (--objective=ltr) model records it beside its checkpoints.
-        causal = bool(read_run_info(folder).get("causal_attention", False)) if fmt == "ours" else False
-        encoder = BertEncoder(config, causal=causal)
-        checkpoints.load_pretrained(encoder, FLAGS.init_checkpoint, fmt)
-        examples = read_examples(FLAGS.input_file)
-        count = extract_features(
-            encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size,
-            combination=combination, mix_weights=mix_weights,
-        )
+        if FLAGS.runner:
+            from bert_tf.beam import common, inference
+
+            try:
+                summary = inference.run_features(settings, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
+                                                 FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
+            except common.BeamJobError as e:
+                raise ValueError(str(e)) from None
+            print(f"wrote {summary['rows']} lines to {len(summary['output_files'])} file(s) {FLAGS.output_file}-*")
+            return
+        extractor = settings.build()
+        count = write_features(extractor, read_examples(FLAGS.input_file), FLAGS.output_file, FLAGS.batch_size)
     except (checkpoints.CheckpointError, ConfigError, VocabError, FileNotFoundError, ValueError) as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -96,4 +98,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=bert_flags.parse_flags_and_beam_options)

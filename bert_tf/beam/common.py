@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import re
 import uuid
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -57,7 +58,8 @@ def quiet_local_logs() -> None:
     logging.getLogger("apache_beam.runners.worker").setLevel(logging.CRITICAL)
 
 
-_ERROR_LINE = re.compile(r"(?:BeamJobError|InputError|PretrainingDataError|VocabError): (.+?)"
+_ERROR_LINE = re.compile(r"(?:BeamJobError|InputError|PretrainingDataError|VocabError|VocabExtensionError|PredictError|"
+                         r"CheckpointError|ConfigError): (.+?)"
                          r"(?: \[while running '[^']*'\])*$", re.M)
 
 
@@ -123,3 +125,93 @@ def remove_dir(path: str) -> None:
             FileSystems.delete([path])
     except Exception as e:  # cleaning up must not hide the job's own error
         logger.warning("could not remove %s: %s", path, e)
+
+
+# ------------------------------------------------------------------ sharded outputs from keyed parts
+# A part is one unit of work's output in a temporary file: (key, temporary path, records). Parts go
+# to shards by their keys and counts only, and a shard is written from its parts in key order, so
+# every shard has the same bytes whatever the number of workers or the order they finished in.
+Part = Tuple[tuple, str, int]
+
+
+def assign_balanced(parts: Sequence[Part], num_shards: int) -> List[Tuple[int, Part]]:
+    """Parts in key order, each to the shard with the fewest records so far (shards differ by one part at most)."""
+    heap = [(0, s) for s in range(num_shards)]
+    out = []
+    for part in sorted(parts):
+        count, shard = heapq.heappop(heap)
+        out.append((shard, part))
+        heapq.heappush(heap, (count + part[2], shard))
+    return out
+
+
+def assign_contiguous(parts: Sequence[Part], num_shards: int) -> List[Tuple[int, Part]]:
+    """Parts in key order cut into num_shards runs of about equal records: shard i holds rows before shard i+1's."""
+    parts = sorted(parts)
+    total = sum(p[2] for p in parts) or 1
+    out, before = [], 0
+    for part in parts:
+        out.append((min(num_shards - 1, before * num_shards // total), part))
+        before += part[2]
+    return out
+
+
+def sharded_paths(output_file: str, num_shards: int) -> List[str]:
+    return [f"{output_file}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, final_paths: List[str], temp_dir: str, write: Callable):
+        self.final_paths, self.temp_dir, self.write = final_paths, temp_dir, write
+
+    def process(self, item):
+        shard, parts = item
+        parts = sorted(p for p in parts if p is not None)
+        final = self.final_paths[shard]
+        tmp = temp_name(final, self.temp_dir)
+        with FileSystems.create(tmp) as out:
+            written = self.write(shard, parts, out)
+        yield tmp, final, written
+
+
+def _publish(shards: List[Tuple[str, str, int]], temp_dir: str, check: Optional[Callable]) -> Iterator[int]:
+    total = sum(n for _, _, n in shards)
+    if check is not None:
+        check(total)
+    publish((tmp, final) for tmp, final, _ in shards)
+    remove_dir(temp_dir)
+    yield total
+
+
+def write_sharded(pipeline: beam.Pipeline, assigned, final_paths: List[str], temp_dir: str, write: Callable,
+                  check: Optional[Callable] = None):
+    """(shard, part) pairs -> every final path written (empty shards too), then all renamed into place at once.
+
+    write(shard, parts in key order, open output) writes a shard and returns its record count;
+    check(total records) may raise before anything is renamed. Returns a PCollection of the total.
+    """
+    every_shard = pipeline | "EveryShard" >> beam.Create([(s, None) for s in range(len(final_paths))])
+    return ((assigned, every_shard)
+            | "WithEmptyShards" >> beam.Flatten()
+            | "ByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_WriteShard(final_paths, temp_dir, write))
+            | "AllShards" >> beam.combiners.ToList()
+            | "Publish" >> beam.FlatMap(_publish, temp_dir, check))
+
+
+def write_part(path: str, data: bytes) -> None:
+    """A part's temporary file (a retried bundle rewrites the same bytes)."""
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def concat_parts(shard: int, parts: Sequence[Part], out) -> int:
+    """Writes the parts' files one after another (a shard of rows in key order)."""
+    for _, path, _ in parts:
+        with FileSystems.open(path) as f:
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    break
+                out.write(data)
+    return sum(p[2] for p in parts)

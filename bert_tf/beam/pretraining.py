@@ -19,7 +19,6 @@ streamed from its block files (at most MAX_OPEN_BLOCKS open at once).
 
 from __future__ import annotations
 
-import heapq
 import logging
 from typing import Dict, Iterator, List, Sequence, Tuple
 
@@ -33,7 +32,6 @@ from bert_tf.data import pretraining_job, schema, text_input
 logger = logging.getLogger("bert_tf.beam")
 
 MAX_OPEN_BLOCKS = 256  # block files a shard writer reads at once; a shard's blocks interleave in groups this size
-Descriptor = Tuple[Tuple[int, int], str, int]  # (block key, temporary block file, records)
 
 
 def _block_path(temp_dir: str, key: Tuple[int, int]) -> str:
@@ -65,48 +63,28 @@ class _Instances(beam.DoFn):
         if not records:
             return
         path = _block_path(self.temp_dir, key)
-        with FileSystems.create(path) as f:  # a retried bundle rewrites the same bytes
-            f.write(b"".join(records))
+        common.write_part(path, b"".join(records))
         yield key, path, len(records)
 
 
-def assign_shards(descriptors: Sequence[Descriptor], num_shards: int) -> List[Tuple[int, Descriptor]]:
-    """(shard, descriptor) pairs: blocks in key order, each to the shard with the fewest records so far.
+class _ShardOrder:
+    """Writes a shard: its block files in key order, records interleaved in a seeded random order."""
 
-    Depends only on the keys and record counts, so every run agrees; shards differ by at most one block.
-    """
-    heap = [(0, s) for s in range(num_shards)]
-    out = []
-    for d in sorted(descriptors):
-        count, shard = heapq.heappop(heap)
-        out.append((shard, d))
-        heapq.heappush(heap, (count + d[2], shard))
-    return out
+    def __init__(self, seed: int, gzip_output: bool):
+        self.seed, self.gzip_output = seed, gzip_output
 
-
-class _WriteShard(beam.DoFn):
-    """One shard's block files -> the shard's temporary file, records interleaved in a seeded random order."""
-
-    def __init__(self, final_paths: List[str], temp_dir: str, seed: int, gzip_output: bool):
-        self.final_paths, self.temp_dir, self.seed, self.gzip_output = final_paths, temp_dir, seed, gzip_output
-
-    def process(self, item):
-        shard, descriptors = item
-        descriptors = sorted(d for d in descriptors if d is not None)
-        final = self.final_paths[shard]
-        tmp = common.temp_name(final, self.temp_dir)
+    def __call__(self, shard: int, parts: Sequence[common.Part], raw) -> int:
         rng = pretraining_job.rngs(self.seed, pretraining_job.SHARD_ORDER_STREAM, shard)[1]
+        out = schema.gzip_stream(raw) if self.gzip_output else raw
         written = 0
-        with FileSystems.create(tmp) as raw:
-            out = schema.gzip_stream(raw) if self.gzip_output else raw
-            for start in range(0, len(descriptors), MAX_OPEN_BLOCKS):
-                written += _interleave(descriptors[start:start + MAX_OPEN_BLOCKS], out, rng)
-            if out is not raw:
-                out.close()
-        yield tmp, final, written
+        for start in range(0, len(parts), MAX_OPEN_BLOCKS):
+            written += _interleave(parts[start:start + MAX_OPEN_BLOCKS], out, rng)
+        if out is not raw:
+            out.close()
+        return written
 
 
-def _interleave(descriptors: Sequence[Descriptor], out, rng: np.random.Generator) -> int:
+def _interleave(descriptors: Sequence[common.Part], out, rng: np.random.Generator) -> int:
     """Writes the records of these block files in a uniformly random interleaving (each file's order kept)."""
     counts = np.array([d[2] for d in descriptors], dtype=np.int64)
     order = np.repeat(np.arange(len(descriptors), dtype=np.int32), counts)
@@ -122,34 +100,30 @@ def _interleave(descriptors: Sequence[Descriptor], out, rng: np.random.Generator
     return int(counts.sum())
 
 
-def _publish(shards: List[Tuple[str, str, int]], temp_dir: str, input_files: List[str]) -> Iterator[int]:
-    total = sum(n for _, _, n in shards)
-    if total == 0:
-        raise common.BeamJobError(str(pretraining_job.empty_corpus_error(input_files)))
-    common.publish((tmp, final) for tmp, final, _ in shards)
-    common.remove_dir(temp_dir)
-    yield total
+class _NotEmpty:
+    def __init__(self, input_files: List[str]):
+        self.input_files = input_files
+
+    def __call__(self, total: int) -> None:
+        if total == 0:
+            raise common.BeamJobError(str(pretraining_job.empty_corpus_error(self.input_files)))
 
 
 def build(pipeline: beam.Pipeline, config: pretraining_job.PretrainingDataConfig, vocab: Dict[str, int],
           input_files: List[str], paths: List[str], temp_dir: str):
     """Adds the pipeline's steps; returns the PCollection of the total record count (one element)."""
-    n = len(paths)  # every output file is a shard (several output_file entries and/or --num_output_shards)
+    # Every output file is a shard (several output_file entries and/or --num_output_shards).
     blocks = (pipeline
               | "Files" >> beam.Create(list(enumerate(input_files)))
               | "SpreadFiles" >> beam.Reshuffle()
               | "Blocks" >> beam.FlatMap(_read_blocks, config.input_format, config.block_bytes)
               | "SpreadBlocks" >> beam.Reshuffle())
-    descriptors = blocks | "Instances" >> beam.ParDo(_Instances(config, vocab, temp_dir))
-    assigned = (descriptors
+    parts = blocks | "Instances" >> beam.ParDo(_Instances(config, vocab, temp_dir))
+    assigned = (parts
                 | "AllBlocks" >> beam.combiners.ToList()
-                | "AssignShards" >> beam.FlatMap(assign_shards, n))
-    every_shard = pipeline | "Shards" >> beam.Create([(s, None) for s in range(n)])  # empty shards are written too
-    shards = ((assigned, every_shard) | "WithEmpty" >> beam.Flatten() | "ByShard" >> beam.GroupByKey()
-              | "WriteShards" >> beam.ParDo(_WriteShard(paths, temp_dir, config.random_seed, config.gzip)))
-    return (shards
-            | "AllShards" >> beam.combiners.ToList()
-            | "Publish" >> beam.FlatMap(_publish, temp_dir, input_files))
+                | "AssignShards" >> beam.FlatMap(common.assign_balanced, len(paths)))
+    return common.write_sharded(pipeline, assigned, paths, temp_dir,
+                                _ShardOrder(config.random_seed, config.gzip), _NotEmpty(input_files))
 
 
 def run(config: pretraining_job.PretrainingDataConfig, beam_args: Sequence[str] = (), runner=None) -> Dict:
