@@ -335,6 +335,8 @@ def run_and_report(run_fn, cfg, settings) -> None:
 
 # ------------------------------------------------------------------ Apache Beam (README "Beyond one machine")
 def define_beam_flags():
+    if "runner" in flags.FLAGS:  # defined by another script imported in the same process (tests)
+        return
     flags.DEFINE_string("runner", None, "Run on Apache Beam with this runner (pip install -e '.[beam]'): "
                         "DirectRunner (local worker processes, --num_workers of them), DataflowRunner, FlinkRunner, "
                         "...; Beam's pipeline options (--project, --region, --temp_location, --setup_file, ...) are "
