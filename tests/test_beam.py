@@ -10,42 +10,23 @@ import glob
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import REPO, TINY_VOCAB
 
 pytest.importorskip("apache_beam")
 
+from test_predict import _model_dir  # noqa: E402  (a tiny task model_dir with spread-out weights)
+from test_pretraining_data import VOCAB, _corpus  # noqa: E402  (the local tool's test corpus)
+
 from bert_tf.beam import common, inference, pretraining, vocab  # noqa: E402
 from bert_tf.data import pretraining_job, schema  # noqa: E402
 from bert_tf.tokenization import vocab_builder  # noqa: E402
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = [f"w{i}" for i in range(60)]
-SUFFIXES = [f"##x{i}" for i in range(10)]
-VOCAB = SPECIALS + ["."] + WORDS + SUFFIXES
 BEAM = ["--direct_num_workers=2"]  # the local runner's default mode: worker processes
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]  # one worker, in this process
-
-
-def _corpus(rng, num_docs):
-    docs = []
-    for _ in range(num_docs):
-        sentences = []
-        for _ in range(rng.randint(1, 12)):
-            words = []
-            for _ in range(rng.randint(2, 14)):
-                w = rng.choice(WORDS)
-                if rng.random() < 0.3:  # a word of 2-3 wordpieces
-                    w += "".join(rng.choice(SUFFIXES)[2:] for _ in range(rng.randint(1, 2)))
-                words.append(w)
-            sentences.append(" ".join(words) + " .")
-        docs.append("\n".join(sentences))
-    return "\n\n".join(docs) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +121,6 @@ def test_pretraining_data_script_on_beam_is_offline_and_quiet(corpus, tmp_path):
     assert not [line for line in lines if "error" in line.lower() or "prism" in line.lower() or line.startswith("E")]
     assert any("FnApiRunner" in line for line in lines)
     assert len(glob.glob(f"{tmp_path}/s.tfrecord-0000?-of-00002")) == 2
-    assert socket  # (the guard is the sitecustomize above)
 
     bad = subprocess.run(common_args + [f"--input_file={tmp_path}/nothing_*.txt", f"--output_file={tmp_path}/t.tfrecord"],
                          capture_output=True, text=True, env=env, timeout=300)
@@ -178,27 +158,11 @@ def test_vocab_beam_is_the_local_vocab(corpus, tmp_path):
 # ------------------------------------------------------------------ batch inference
 @pytest.fixture(scope="module")
 def classifier_export(tmp_path_factory):
-    import tensorflow as tf
-
-    from bert_tf.configs import BertConfig, write_run_info
     from bert_tf.export import export_model_dir
-    from bert_tf.model_dir import build_task_model
 
     base = tmp_path_factory.mktemp("beam_classifier")
-    folder = base / "model"
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
-    config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=32)
-    config.to_json_file(str(folder / "bert_config.json"))
-    info = {"task_type": "classification", "label_list": ["neg", "pos", "mid"]}
-    write_run_info(str(folder), do_lower_case=True, max_seq_length=24, **info)
-    model = build_task_model(config, info)
-    rng = np.random.default_rng(1)
-    for v in model.trainable_variables:
-        v.assign(rng.normal(0.0, 1.0, v.shape).astype("float32"))
-    tf.train.Checkpoint(model=model).write(str(folder / "ckpt-1"))
-    export_model_dir(str(folder), str(base / "export"))
+    _model_dir(base / "model", {"task_type": "classification", "label_list": ["neg", "pos", "mid"]})
+    export_model_dir(str(base / "model"), str(base / "export"))
     return base / "export"
 
 
