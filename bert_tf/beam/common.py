@@ -6,12 +6,15 @@ import heapq
 import logging
 import os
 import re
+import shlex
+import sys
+import tempfile
 import uuid
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
 logger = logging.getLogger("bert_tf.beam")
 
@@ -43,12 +46,38 @@ def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_worker
             direct.direct_running_mode = "multi_processing"
         if not any(a.startswith("--direct_num_workers") for a in args):
             direct.direct_num_workers = num_workers or os.cpu_count() or 1
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in args):
+            # The worker processes would log every failed bundle's traceback; the script prints one line.
+            options.view_as(WorkerOptions).default_sdk_harness_log_level = "CRITICAL"
     options.view_as(StandardOptions).runner = name
     return options
 
 
 def is_local(options: PipelineOptions) -> bool:
     return (options.view_as(StandardOptions).runner or "").lower() in DIRECT_RUNNERS + ("fnapirunner",)
+
+
+def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """A Pipeline for these options; local worker processes write their stderr to a log file.
+
+    (Beam's worker process prints the traceback of every failed bundle to stderr, whatever the log
+    level; the scripts print one line instead, and the log keeps the rest.)
+    """
+    direct = options.view_as(DirectOptions)
+    if not is_local(options) or direct.direct_running_mode != "multi_processing":
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    log = os.path.join(tempfile.gettempdir(), f"bert_tf_beam_workers_{os.getpid()}.log")
+    logger.info("Beam worker processes' stderr: %s", log)
+    command = f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main 2>>{shlex.quote(log)}"
+    # The FnApiRunner builds this same environment for multi_processing; given here, the mode is left
+    # as in_memory so that it keeps ours (its num_workers still starts that many processes).
+    direct.direct_running_mode = "in_memory"
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").setLevel(logging.ERROR)
+    runner = FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
+    return beam.Pipeline(runner=runner, options=options)
 
 
 def quiet_local_logs() -> None:

@@ -124,7 +124,7 @@ def run_inference(load: Callable, read: Callable, input_pattern: str, output_fil
     if common.is_local(options):
         common.quiet_local_logs()
     temp_dir = common.temp_dir_for(output_file)
-    pipeline = beam.Pipeline(options=options)
+    pipeline = common.make_pipeline(options)
     assigned = (pipeline
                 | "Files" >> beam.Create(list(enumerate(input_files)))
                 | "SpreadFiles" >> beam.Reshuffle()

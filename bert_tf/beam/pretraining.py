@@ -140,7 +140,7 @@ def run(config: pretraining_job.PretrainingDataConfig, beam_args: Sequence[str] 
     temp_dir = common.temp_dir_for(paths[0])
     logger.info("*** Beam (%s): %d input file(s) -> %d output file(s) ***", options.get_all_options()["runner"],
                 len(input_files), len(paths))
-    pipeline = beam.Pipeline(options=options)
+    pipeline = common.make_pipeline(options)
     build(pipeline, config, vocab, input_files, paths, temp_dir)
     try:
         result = common.run(pipeline)

@@ -49,7 +49,7 @@ def run(input_files: List[str], input_format: str, do_lower_case: bool, strip_ac
     options = common.pipeline_options(beam_args, runner, num_workers)
     if common.is_local(options):
         common.quiet_local_logs()
-    pipeline = beam.Pipeline(options=options)
+    pipeline = common.make_pipeline(options)
     _ = (pipeline
          | "Files" >> beam.Create(input_files)
          | "SpreadFiles" >> beam.Reshuffle()
