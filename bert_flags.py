@@ -331,3 +331,26 @@ def run_and_report(run_fn, cfg, settings) -> None:
         print(f"***** Eval results ({split}) *****")
         for key in sorted(split_results):
             print(f"  {key} = {split_results[key]}")
+
+
+# ------------------------------------------------------------------ Apache Beam (README "Beyond one machine")
+def define_beam_flags():
+    if "runner" in flags.FLAGS:  # defined by another script imported in the same process (tests)
+        return
+    flags.DEFINE_string("runner", None, "Run on Apache Beam with this runner (pip install -e '.[beam]'): "
+                        "DirectRunner (local worker processes, --num_workers of them), DataflowRunner, FlinkRunner, "
+                        "...; Beam's pipeline options (--project, --region, --temp_location, --setup_file, ...) are "
+                        "passed through. Default: the local tool, no Beam.")
+
+
+def parse_flags_and_beam_options(argv):
+    """app.run's flags_parser: our flags; what they do not know stays in argv for Beam's pipeline options."""
+    return flags.FLAGS(argv, known_only=True)
+
+
+def beam_args(argv, script: str):
+    """The arguments left for Beam; without --runner there must be none (a mistyped flag is an error)."""
+    rest = list(argv[1:])
+    if rest and not flags.FLAGS.runner:
+        sys.exit(f"{script}: error: unknown flag(s) {' '.join(rest)} (Beam pipeline options need --runner)")
+    return rest

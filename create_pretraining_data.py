@@ -5,6 +5,14 @@
 
 Streams the corpus through `--num_workers` processes; output is identical for
 the same inputs and flags on any machine and with any number of workers.
+
+Beyond one machine (Apache Beam, `pip install -e ".[beam]"`): add --runner and Beam's own
+pipeline options; the same records (as a multiset) in --num_output_shards files, README
+"Beyond one machine":
+
+    python create_pretraining_data.py ... --runner=DirectRunner --num_workers=2   # local processes
+    python create_pretraining_data.py ... --runner=DataflowRunner --project=P --region=R \
+        --temp_location=gs://B/tmp --setup_file=./setup.py
 """
 
 import logging
@@ -42,11 +50,13 @@ flags.DEFINE_integer("block_bytes", pretraining_job.DEFAULT_BLOCK_BYTES,
                      "Text per block: the unit of parallel work and the pool random-next segments are drawn from. "
                      "Changes the output.")
 flags.DEFINE_integer("shuffle_buffer_size", pretraining_job.DEFAULT_SHUFFLE_BUFFER,
-                     "Records held for the final shuffle. Changes the output.")
+                     "Records held for the final shuffle. Changes the output. (Not used with --runner.)")
+bert_flags.define_beam_flags()
 
 
-def main(_):
+def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    beam_args = bert_flags.beam_args(argv, "create_pretraining_data.py")
     problem = bert_flags.remote_path_problem()  # gs:// input, vocab or output that cannot be reached
     if problem:
         sys.exit(f"create_pretraining_data.py: error: {problem}")
@@ -60,7 +70,15 @@ def main(_):
         input_format=FLAGS.input_format, block_bytes=FLAGS.block_bytes,
         shuffle_buffer_size=FLAGS.shuffle_buffer_size)
     try:
-        pretraining_job.create_pretraining_data(config)
+        if FLAGS.runner:
+            from bert_tf.beam import common, pretraining
+
+            try:
+                pretraining.run(config, beam_args, FLAGS.runner)
+            except common.BeamJobError as e:
+                raise pretraining_job.PretrainingDataError(str(e)) from None
+        else:
+            pretraining_job.create_pretraining_data(config)
     except (pretraining_job.PretrainingDataError, text_input.InputError, OSError) as e:
         sys.exit(f"create_pretraining_data.py: error: {e}")
 
@@ -69,4 +87,4 @@ if __name__ == "__main__":
     flags.mark_flag_as_required("input_file")
     flags.mark_flag_as_required("output_file")
     flags.mark_flag_as_required("vocab_file")
-    app.run(main)
+    app.run(main, flags_parser=bert_flags.parse_flags_and_beam_options)

@@ -14,6 +14,9 @@ the same file. Logs the [UNK] rate and wordpieces per word on the corpus
 changes only [unused] slots; it writes <vocab_file stem>.extension.json beside
 the new vocab, listing each new token and the old pieces it replaces (its
 embedding starts from their mean when the vocab is used with the checkpoint).
+
+--runner=DirectRunner|DataflowRunner|... counts words on Apache Beam (a combine over the files;
+Beam's pipeline options pass through) and learns the same vocab (README "Beyond one machine").
 """
 
 import logging
@@ -21,6 +24,7 @@ import sys
 
 from absl import app, flags
 
+import bert_flags
 from bert_tf.data import text_input
 from bert_tf.tokenization import vocab_builder
 
@@ -46,50 +50,40 @@ flags.DEFINE_string("extend_vocab", None, "An existing vocab.txt to extend inste
                     "by frequency (--vocab_size and --num_unused are then unused).")
 flags.DEFINE_integer("max_new_tokens", None, "With --extend_vocab: fill at most this many [unused] slots "
                      "(default: all of them).")
+flags.DEFINE_integer("num_workers", 0, "With --runner=DirectRunner: local worker processes (0 = all cores).")
+bert_flags.define_beam_flags()
 
 
-def _lines(files, input_format):
-    for doc in text_input.read_documents(files, input_format):
-        yield from doc.lines
-
-
-def _log_stats(log, label, vocab, words):
-    stats = vocab_builder.word_stats(vocab, words)
-    log.info("On the corpus%s: [UNK] %.4f%% of wordpieces, %.3f wordpieces per word", label,
-             100 * stats["unk_rate"], stats["pieces_per_word"])
-
-
-def main(_):
+def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("create_vocab")
-    from bert_tf.tokenization import VocabError, load_vocab
+    beam_args = bert_flags.beam_args(argv, "create_vocab.py")
+    from bert_tf.tokenization import VocabError
 
+    settings = vocab_builder.VocabSettings(FLAGS.vocab_file, FLAGS.vocab_size, FLAGS.num_unused, FLAGS.min_frequency,
+                                           FLAGS.extend_vocab, FLAGS.max_new_tokens)
     try:
+        settings.check()
         files = text_input.expand_input_patterns(FLAGS.input_file)
-        words = vocab_builder.count_words(_lines(files, FLAGS.input_format), FLAGS.do_lower_case,
-                                          FLAGS.strip_accents, FLAGS.line_prefix_regex)
-        if not words:
-            raise ValueError(f"input_file: no words in {', '.join(files)} (empty corpus)")
-        log.info("%d distinct words, %d in all", len(words), sum(words.values()))
-        if FLAGS.extend_vocab:
-            base = list(load_vocab(FLAGS.extend_vocab))
-            vocab, new_tokens = vocab_builder.extend_vocab(base, words, FLAGS.max_new_tokens, FLAGS.min_frequency)
+        if FLAGS.runner:
+            from bert_tf.beam import common, vocab
+
+            try:
+                vocab.run(files, FLAGS.input_format, FLAGS.do_lower_case, FLAGS.strip_accents,
+                          FLAGS.line_prefix_regex, settings, beam_args, FLAGS.runner, FLAGS.num_workers)
+            except common.BeamJobError as e:
+                raise ValueError(str(e)) from None
         else:
-            vocab = vocab_builder.learn_wordpiece_vocab(words, FLAGS.vocab_size, FLAGS.num_unused,
-                                                        FLAGS.min_frequency)
-        vocab_builder.write_vocab(FLAGS.vocab_file, vocab)  # its folders are created
+            chunks = vocab_builder.count_chunks(
+                (line for doc in text_input.read_documents(files, FLAGS.input_format) for line in doc.lines),
+                FLAGS.line_prefix_regex)
+            words = vocab_builder.chunk_words(chunks, FLAGS.do_lower_case, FLAGS.strip_accents)
+            vocab_builder.make_vocab(words, settings, log, ', '.join(files))
     except (ValueError, OSError, VocabError) as e:
         sys.exit(f"create_vocab.py: error: {e}")
-    log.info("Wrote %d tokens to %s", len(vocab), FLAGS.vocab_file)
-    if FLAGS.extend_vocab:
-        path = vocab_builder.write_extension(FLAGS.vocab_file, FLAGS.extend_vocab, new_tokens)
-        log.info("Filled %d [unused] slots (e.g. %s); listed with their old pieces in %s", len(new_tokens),
-                 ", ".join(t.token for t in new_tokens[:8]), path)
-        _log_stats(log, f" with {FLAGS.extend_vocab}", base, words)
-    _log_stats(log, f" with {FLAGS.vocab_file}" if FLAGS.extend_vocab else "", vocab, words)
 
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("input_file")
     flags.mark_flag_as_required("vocab_file")
-    app.run(main)
+    app.run(main, flags_parser=bert_flags.parse_flags_and_beam_options)

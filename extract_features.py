@@ -11,11 +11,17 @@
 --init_checkpoint may be an original TF1 checkpoint or its folder, a bert_tf model dir or checkpoint,
 or a Hugging Face folder; --bert_config_file and --vocab_file default to the files beside it
 (bert_config.json or config.json, vocab.txt), as for the fine-tuning scripts.
+
+On Apache Beam (README "Beyond one machine"): --runner (and Beam's pipeline options); --input_file
+takes comma-separated globs; JSONL shards <output_file>-0000i-of-0000N hold the lines the
+single-process run writes, file by file, in order (linex_index counts lines within each file).
 """
 
 import sys
 
 from absl import app, flags
+
+import bert_flags
 
 FLAGS = flags.FLAGS
 
@@ -39,16 +45,25 @@ flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; ignored.")
 flags.DEFINE_string("master", None, "Accepted for compatibility; ignored.")
 flags.DEFINE_integer("num_tpu_cores", 8, "Accepted for compatibility; ignored.")
 flags.DEFINE_bool("use_one_hot_embeddings", False, "Accepted for compatibility; ignored.")
+flags.DEFINE_integer("num_output_shards", 1, "With --runner: JSONL files <output_file>-0000i-of-0000N, rows in "
+                     "input order across them.")
+flags.DEFINE_integer("num_workers", 0, "With --runner=DirectRunner: local worker processes (0 = all cores).")
+bert_flags.define_beam_flags()
 flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 
 def main(argv):
-    del argv
+    beam_args = bert_flags.beam_args(argv, "extract_features.py")
     from bert_tf import checkpoints
     from bert_tf.configs import ConfigError
-    from bert_tf.finetuning import FinetuneError, resolve_pretrained
-    from bert_tf.models.feature_extraction import extract_features, parse_layer_combination, read_examples
-    from bert_tf.tokenization import FullTokenizer, VocabError
+    from bert_tf.finetuning import FinetuneError
+    from bert_tf.models.feature_extraction import (
+        ExtractorSettings,
+        parse_layer_combination,
+        read_examples,
+        write_features,
+    )
+    from bert_tf.tokenization import VocabError
 
     try:
         layers = [int(x) for x in FLAGS.layers.split(",")]
@@ -65,23 +80,22 @@ def main(argv):
     except ValueError as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
+    settings = ExtractorSettings(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
+                                 FLAGS.max_seq_length, tuple(layers), FLAGS.layer_combination,
+                                 None if mix_weights is None else tuple(mix_weights))
     try:
-        # Any checkpoint kind, with its config and vocab found beside it, as for fine-tuning.
-        pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
-        config = pretrained.config
-        if FLAGS.max_seq_length > config.max_position_embeddings:
-            raise ConfigError(
-                f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings "
-                f"{config.max_position_embeddings} of the bert_config"
-            )
-        tokenizer = FullTokenizer(pretrained.vocab_file, do_lower_case=FLAGS.do_lower_case)
-        encoder = pretrained.build_encoder()  # left to right where the checkpoint's folder records it
-        checkpoints.load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
-        examples = read_examples(FLAGS.input_file)
-        count = extract_features(
-            encoder, tokenizer, examples, FLAGS.output_file, layers, FLAGS.max_seq_length, FLAGS.batch_size,
-            combination=combination, mix_weights=mix_weights,
-        )
+        if FLAGS.runner:
+            from bert_tf.beam import common, inference
+
+            try:
+                summary = inference.run_features(settings, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
+                                                 FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
+            except common.BeamJobError as e:
+                raise ValueError(str(e)) from None
+            print(f"wrote {summary['rows']} lines to {len(summary['output_files'])} file(s) {FLAGS.output_file}-*")
+            return
+        extractor = settings.build()
+        count = write_features(extractor, read_examples(FLAGS.input_file), FLAGS.output_file, FLAGS.batch_size)
     except (checkpoints.CheckpointError, ConfigError, FinetuneError, VocabError, OSError, ValueError) as e:
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -89,4 +103,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=bert_flags.parse_flags_and_beam_options)

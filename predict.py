@@ -1,4 +1,4 @@
-"""Answers text with an exported SavedModel; needs only tensorflow and tensorflow_text (not bert_tf).
+"""Answers text with an exported SavedModel (float or int8); the model needs only tensorflow and tensorflow_text.
 
   python predict.py --export_dir=export/mrpc --text="The cat sat." --text_b="A cat was sitting."
   python predict.py --export_dir=export/sst2 --input_file=sentences.txt          # one text per line
@@ -8,19 +8,24 @@
 
 Output: TSV (default) or one JSON object per line (--format=json). Multiple
 choice takes its choices in --text_b (or the second column) separated by "|".
+--input_file may also be JSON Lines (.jsonl: {"text": ..., "text_b": ...}).
+
+On Apache Beam (README "Beyond one machine"): --runner plus --output_file; --input_file takes
+comma-separated globs of text/TSV/JSONL files; JSONL shards <output_file>-0000i-of-0000N hold
+the rows --format=json prints, file by file, in order:
+
+  python predict.py --export_dir=export/sst2 --input_file='in/*.tsv' --output_file=out/pred.jsonl \
+      --runner=DirectRunner --num_workers=2
 """
 
-import json
 import os
 import sys
 
 from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-try:  # not needed; where installed, it hides TensorFlow's start-up noise on CPU machines (bert_tf/console.py)
-    import bert_tf  # noqa: F401
-except ImportError:
-    pass
+import bert_flags  # noqa: E402  (imports bert_tf first, before TensorFlow: quiet start-up, bert_tf/console.py)
+from bert_tf.serving.predictor import PredictError, iter_rows, json_line, load, rows_of, run_batch  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -30,14 +35,12 @@ flags.DEFINE_string("text_b", None, "The second text of a pair (SQuAD: the conte
 flags.DEFINE_string("input_file", None, "A UTF-8 file: one text per line, or text<TAB>text_b.")
 flags.DEFINE_enum("format", "tsv", ["tsv", "json"], "Output format.")
 flags.DEFINE_integer("batch_size", 32, "Texts per call.")
+flags.DEFINE_string("output_file", None, "With --runner: JSONL output, files <output_file>-0000i-of-0000N.")
+flags.DEFINE_integer("num_output_shards", 1, "With --runner: output files; rows in input order across them.")
+flags.DEFINE_integer("num_workers", 0, "With --runner=DirectRunner: local worker processes (0 = all cores).")
+bert_flags.define_beam_flags()
 flags.mark_flag_as_required("export_dir")
 
-METADATA_FILE = "bert_tf_export.json"
-CHOICE_SEPARATOR = "|"
-
-
-class PredictError(ValueError):
-    pass
 
 
 def read_inputs():
@@ -45,89 +48,21 @@ def read_inputs():
         raise PredictError("pass exactly one of --text and --input_file")
     if FLAGS.text is not None:
         return [(FLAGS.text, FLAGS.text_b or "")]
-    if not os.path.isfile(FLAGS.input_file):
-        raise PredictError(f"{FLAGS.input_file}: input_file not found")
-    rows = []
-    with open(FLAGS.input_file, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) > 2:
-                raise PredictError(f"{FLAGS.input_file}:{number}: expected text or text<TAB>text_b, got {len(parts)} columns")
-            rows.append((parts[0], parts[1] if len(parts) == 2 else ""))
-    return rows
+    return list(iter_rows(FLAGS.input_file))
 
 
-def load(export_dir):
-    metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
-    if "://" in export_dir:  # gs:// and other TensorFlow file systems
-        import tensorflow as tf
+def run_on_beam(beam_args):
+    from bert_tf.beam import common, inference
 
-        try:
-            found = all(tf.io.gfile.exists(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
-        except tf.errors.OpError as e:
-            reason = " ".join(e.message.split()).split(" when reading")[0].split("error details: ")[-1]
-            raise PredictError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
-        open_file = tf.io.gfile.GFile
-    else:
-        found = all(os.path.isfile(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
-        open_file = open
-    if not found:
-        raise PredictError(f"{export_dir}: not a SavedModel written by export_savedmodel.py")
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
-
-    with open_file(metadata_file, "rb") as f:
-        metadata = json.loads(f.read().decode("utf-8"))
-    return tf.saved_model.load(export_dir).signatures["serving_default"], metadata
-
-
-def run_batch(serve, kind, metadata, batch):
-    import tensorflow as tf
-
-    a = tf.constant([x for x, _ in batch])
-    b = [y for _, y in batch]
-    if kind == "span":
-        out = serve(question=a, context=tf.constant(b))
-    elif kind == "multiple_choice":
-        n = metadata["num_choices"]
-        choices = [y.split(CHOICE_SEPARATOR) for y in b]
-        if any(len(c) != n for c in choices):
-            raise PredictError(f"multiple choice: every input needs {n} choices separated by {CHOICE_SEPARATOR!r}")
-        out = serve(context=a, choices=tf.constant(choices))
-    elif kind == "tagging":
-        out = serve(text=a)
-    else:
-        out = serve(text_a=a, text_b=tf.constant(b))
-    return {k: v.numpy() for k, v in out.items()}
-
-
-def rows_of(kind, metadata, out, batch):
-    """One dict per input with the answer in plain Python types."""
-    for i, (a, b) in enumerate(batch):
-        row = {"text": a}
-        if b:
-            row["text_b"] = b
-        if kind == "classification":
-            row["label"] = out["label"][i].decode("utf-8")
-            row["probabilities"] = dict(zip(metadata["label_list"], map(float, out["probabilities"][i]), strict=True))
-        elif kind == "regression":
-            row["score"] = float(out["score"][i])
-        elif kind == "span":
-            row["answer"] = out["answer_text"][i].decode("utf-8")
-            row["score"] = float(out["answer_score"][i])
-        elif kind == "multiple_choice":
-            row["choice"] = int(out["choice"][i])
-            row["probabilities"] = [float(p) for p in out["probabilities"][i]]
-        elif kind == "tagging":
-            n = int(out["num_words"][i])
-            row["words"] = [w.decode("utf-8") for w in out["words"][i][:n]]
-            row["tags"] = [t.decode("utf-8") for t in out["tags"][i][:n]]
-        else:  # encoder
-            row["pooled_output"] = [float(x) for x in out["pooled_output"][i]]
-        yield row
+    if not FLAGS.input_file or not FLAGS.output_file or FLAGS.text is not None:
+        raise PredictError("--runner needs --input_file and --output_file (not --text)")
+    try:
+        summary = inference.run_predict(FLAGS.export_dir, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
+                                        FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
+    except common.BeamJobError as e:
+        raise PredictError(str(e)) from None
+    print(f"wrote {summary['rows']} rows to {len(summary['output_files'])} file(s) {FLAGS.output_file}-*",
+          file=sys.stderr)
 
 
 def tsv_line(kind, row, has_b):
@@ -148,8 +83,11 @@ def tsv_line(kind, row, has_b):
 
 
 def main(argv):
-    del argv
+    beam_args = bert_flags.beam_args(argv, "predict.py")
     try:
+        if FLAGS.runner:
+            run_on_beam(beam_args)
+            return
         inputs = read_inputs()
         serve, metadata = load(FLAGS.export_dir)
         kind = metadata["export_type"]
@@ -161,11 +99,11 @@ def main(argv):
             batch = inputs[start:start + FLAGS.batch_size]
             out = run_batch(serve, kind, metadata, batch)
             for row in rows_of(kind, metadata, out, batch):
-                print(json.dumps(row, ensure_ascii=False) if FLAGS.format == "json" else tsv_line(kind, row, has_b))
+                print(json_line(row) if FLAGS.format == "json" else tsv_line(kind, row, has_b))
     except PredictError as e:
         print(f"predict.py: error: {e}", file=sys.stderr)
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=bert_flags.parse_flags_and_beam_options)

@@ -17,7 +17,11 @@ TEST = [
     "tensorflow-hub==0.16.1",
     "tf-keras==2.20.1",
     "setuptools<81",  # tensorflow-hub 0.16.1 (the latest) imports pkg_resources, which setuptools 81 removed
+    "apache-beam==2.77.0",  # tests/test_beam.py: the Beam pipelines on the local runner (no GCP client needed)
 ]
+# Apache Beam for the data-parallel tools beyond one machine (README "Beyond one machine"); [gcp] brings
+# the Dataflow runner and gs:// file system. Not the [tft] extra: tfx-bsl does not fit TensorFlow 2.20.
+BEAM = ["apache-beam[gcp]==2.77.0"]
 
 setup(
     name="bert_tf",
@@ -39,6 +43,7 @@ setup(
     ],
     extras_require={
         "test": TEST,
+        "beam": BEAM,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot
         # NVIDIA GPUs (Linux x86_64): TensorFlow's own extra brings CUDA 12 and cuDNN 9 from pip.

@@ -330,6 +330,17 @@ def test_blocks_do_not_depend_on_anything_but_input():
     assert [b.first_document for b in blocks] == [0, 2] and [b.index for b in blocks] == [0, 1]
 
 
+def test_blocks_never_span_files(tmp_path):
+    """The unit of work is a block of one file, keyed (file index, block index), so files can be read apart."""
+    (tmp_path / "a.txt").write_text("a b\n\nc d\n\ne f\n")
+    (tmp_path / "b.txt").write_text("g h\n")  # one document: its own block
+    paths = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    blocks = list(text_input.iter_input_blocks(paths, "lines", block_bytes=8))
+    assert [b.key for b in blocks] == [(0, 0), (1, 0)]
+    assert [[d.lines for d in b.documents] for b in blocks] == [[["a b"], ["c d"], ["e f"]], [["g h"]]]
+    assert [b.key for b in text_input.iter_file_blocks(paths[1], 1, "lines", 8)] == [(1, 0)]
+
+
 # ------------------------------------------------------------------ bad input
 def _run_script(tmp_path, *args):
     cmd = [sys.executable, str(REPO / "create_pretraining_data.py"), *args]

@@ -1,13 +1,16 @@
 """create_pretraining_data as a library call: files in, sharded TFRecords out.
 
-    text files --read_documents--> blocks of documents (main process, streaming)
+    text files --iter_input_blocks--> blocks of documents, file by file (main process, streaming)
       --workers: tokenize once, `dupe_factor` seeded passes, encode, shuffle-->
     framed records, in block order --bounded shuffle buffer--> output files, round robin
 
-Reproducibility: block boundaries depend only on the input and `block_bytes`;
-every random draw inside a block comes from rngs seeded by (random_seed,
-block index, dupe pass); results are consumed in block order and the final
-shuffle buffer has its own seeded rng. So the same inputs and flags give the
+Reproducibility: block boundaries depend only on each input file and
+`block_bytes` (a block never spans two files); every random draw inside a
+block comes from rngs seeded by (random_seed, file index, block index in the
+file, dupe pass); results are consumed in block order and the final shuffle
+buffer has its own seeded rng. The Beam pipeline (bert_tf/beam/pretraining.py)
+computes the same blocks with the same BlockWorker, so it writes the same
+records (in another order). So the same inputs and flags give the
 same bytes on any machine and with any `num_workers` (workers only change
 which process computes a block).
 
@@ -99,7 +102,7 @@ def make_tokenizer(vocab_file: str, do_lower_case: bool, strip_accents: Optional
 
 
 # ------------------------------------------------------------------ worker side
-class _Worker:
+class BlockWorker:
     """Per-process state: tokenizer, ids of the special tokens, the record encoder."""
 
     def __init__(self, config: PretrainingDataConfig, vocab: Dict[str, int]):
@@ -130,17 +133,17 @@ class _Worker:
         return pretraining.build_block(docs)
 
     def run(self, block: text_input.Block):
-        """Framed records of every dupe pass over the block, shuffled; and the block's document count."""
+        """(block key, documents, bytes, framed records of every dupe pass over the block, shuffled)."""
         tokenized = self.tokenize_block(block)
         records: List[bytes] = []
         if tokenized.num_documents:
             for dupe in range(self.config.dupe_factor):
-                pair_rng, mask_rng = _rngs(self.config.random_seed, _PASS_STREAM, block.index, dupe)
+                pair_rng, mask_rng = rngs(self.config.random_seed, _PASS_STREAM, *block.key, dupe)
                 batch = pretraining.block_instances(tokenized, self.options, pair_rng, mask_rng, self.vocab_size,
                                                     self.cls_id, self.sep_id, self.mask_id, self.is_continuation)
                 records.extend(self.encode_batch(batch))
-            _rngs(self.config.random_seed, _BLOCK_SHUFFLE_STREAM, block.index)[0].shuffle(records)
-        return block.index, tokenized.num_documents, block.num_bytes, records
+            rngs(self.config.random_seed, _BLOCK_SHUFFLE_STREAM, *block.key)[0].shuffle(records)
+        return block.key, tokenized.num_documents, block.num_bytes, records
 
     def encode_batch(self, batch: pretraining.InstanceBatch) -> List[bytes]:
         encode, frame = self.encoder.encode, schema.frame_record
@@ -150,24 +153,24 @@ class _Worker:
         return [frame(encode(*row)) for row in zip(*columns, strict=True)]
 
 
-# Rng streams, so that no two uses share draws.
-_PASS_STREAM, _BLOCK_SHUFFLE_STREAM, _FINAL_SHUFFLE_STREAM = 0, 1, 2
+# Rng streams, so that no two uses share draws (SHARD_ORDER_STREAM: the Beam pipeline's shard order).
+_PASS_STREAM, _BLOCK_SHUFFLE_STREAM, _FINAL_SHUFFLE_STREAM, SHARD_ORDER_STREAM = 0, 1, 2, 3
 
 
-def _rngs(seed: int, stream: int, block_index: int = 0, dupe: int = 0):
-    """(random.Random, numpy Generator) for one use, e.g. one (block, dupe pass); independent of all others."""
-    seq = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, stream, block_index, dupe])
+def rngs(seed: int, stream: int, *parts: int):
+    """(random.Random, numpy Generator) for one use, e.g. one (file, block, dupe pass); independent of all others."""
+    seq = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, stream, *parts])
     state = seq.generate_state(4, np.uint64)
     py_seed = int(state[0]) << 64 | int(state[1])
     return random.Random(py_seed), np.random.Generator(np.random.PCG64(seq.spawn(1)[0]))
 
 
-_WORKER: Optional[_Worker] = None
+_WORKER: Optional[BlockWorker] = None
 
 
 def _init_worker(config, vocab):
     global _WORKER
-    _WORKER = _Worker(config, vocab)
+    _WORKER = BlockWorker(config, vocab)
 
 
 def _run_block(block):
@@ -199,6 +202,29 @@ def _check_config(config: PretrainingDataConfig) -> None:
         raise PretrainingDataError("block_bytes and shuffle_buffer_size must be >= 1")
 
 
+def prepare(config: PretrainingDataConfig):
+    """Checks flags, vocab, inputs and output directories before any work: (vocab, input files, output paths)."""
+    _check_config(config)
+    vocab = read_vocab(config.vocab_file)
+    try:
+        input_files = text_input.expand_input_patterns(config.input_file)
+    except text_input.InputError as e:
+        raise PretrainingDataError(str(e)) from None
+    paths = output_paths(config)
+    for p in paths:  # missing local folders are made, as `mkdir -p` (a bucket has none to make)
+        if fileio.is_remote(p):
+            continue
+        try:
+            fileio.make_parent_dirs(os.path.abspath(p))
+        except OSError as e:
+            raise PretrainingDataError(f"output_file: {e}") from None
+    return vocab, input_files, paths
+
+
+def empty_corpus_error(input_files: List[str]) -> PretrainingDataError:
+    return PretrainingDataError(f"input_file: no text found in {', '.join(input_files)} (empty corpus)")
+
+
 class _Progress:
     def __init__(self, total_bytes: int):
         self.start = self.last = time.monotonic()
@@ -227,18 +253,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
     Raises PretrainingDataError (one line) on bad flags or inputs; outputs are
     written under temporary names and renamed only when everything succeeded.
     """
-    _check_config(config)
-    vocab = read_vocab(config.vocab_file)
-    try:
-        input_files = text_input.expand_input_patterns(config.input_file)
-    except text_input.InputError as e:
-        raise PretrainingDataError(str(e)) from None
-    paths = output_paths(config)
-    for p in paths:  # missing folders are made, as `mkdir -p`
-        try:
-            fileio.make_parent_dirs(os.path.abspath(p))
-        except OSError as e:
-            raise PretrainingDataError(f"output_file: {e}") from None
+    vocab, input_files, paths = prepare(config)
     num_workers = config.num_workers or os.cpu_count() or 1
     logger.info("*** Reading from %d input file(s), %d worker(s) ***", len(input_files), num_workers)
     for f in input_files:
@@ -246,7 +261,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
 
     progress = _Progress(text_input.input_size_bytes(input_files))
     writers: List[schema.RecordFileWriter] = []
-    shuffle_rng = _rngs(config.random_seed, _FINAL_SHUFFLE_STREAM)[0]
+    shuffle_rng = rngs(config.random_seed, _FINAL_SHUFFLE_STREAM)[0]
     buffer: List[bytes] = []
     writer_index = 0
 
@@ -270,8 +285,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
     try:
         for p in paths:
             writers.append(schema.RecordFileWriter(p, gzip_output=config.gzip))
-        blocks = text_input.iter_blocks(text_input.read_documents(input_files, config.input_format),
-                                        config.block_bytes)
+        blocks = text_input.iter_input_blocks(input_files, config.input_format, config.block_bytes)
         if num_workers == 1:
             _init_worker(config, vocab)
             for block in blocks:
@@ -293,7 +307,7 @@ def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
         for record in buffer:
             emit(record)
         if progress.instances == 0:
-            raise PretrainingDataError(f"input_file: no text found in {', '.join(input_files)} (empty corpus)")
+            raise empty_corpus_error(input_files)
         for w in writers:
             w.close()
     except BaseException:

@@ -217,19 +217,30 @@ def _open_maybe_gzip(path: str):
 def read_records(path: str) -> Iterator[bytes]:
     """The records of a local TFRecord file (plain or GZIP), with CRCs checked."""
     with _open_maybe_gzip(path) as f:
-        while True:
-            header = f.read(8)
-            if not header:
-                return
-            if len(header) < 8:
-                raise ValueError(f"{path}: truncated TFRecord header")
-            (length,) = struct.unpack("<Q", header)
-            header_crc = f.read(4)
-            data = f.read(length)
-            data_crc = f.read(4)
-            if header_crc != _masked_crc(header) or len(data) != length or data_crc != _masked_crc(data):
-                raise ValueError(f"{path}: corrupt TFRecord (bad length or CRC)")
+        for _, data in iter_framed(f, path):
             yield data
+
+
+def iter_framed(f, path: str) -> Iterator[Tuple[bytes, bytes]]:
+    """(framed record, its data) for each record of an open binary TFRecord stream, with CRCs checked."""
+    while True:
+        header = f.read(8)
+        if not header:
+            return
+        if len(header) < 8:
+            raise ValueError(f"{path}: truncated TFRecord header")
+        (length,) = struct.unpack("<Q", header)
+        header_crc = f.read(4)
+        data = f.read(length)
+        data_crc = f.read(4)
+        if header_crc != _masked_crc(header) or len(data) != length or data_crc != _masked_crc(data):
+            raise ValueError(f"{path}: corrupt TFRecord (bad length or CRC)")
+        yield header + header_crc + data + data_crc, data
+
+
+def gzip_stream(raw, compresslevel: int = 6):
+    """A GZIP writer over an open binary file; no name or time in the header, so the bytes are reproducible."""
+    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=compresslevel)
 
 
 class RecordFileWriter:
@@ -245,8 +256,7 @@ class RecordFileWriter:
         self.path = path
         self.tmp_path = f"{path}.incomplete-{os.getpid()}"
         self._raw = open(self.tmp_path, "wb")
-        self._file = (gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=compresslevel)
-                      if gzip_output else self._raw)
+        self._file = gzip_stream(self._raw, compresslevel) if gzip_output else self._raw
         self.num_records = 0
 
     def write(self, framed: bytes) -> None:

@@ -19,7 +19,7 @@ import gzip
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Sequence
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 LINES, WIKI, AUTO = "lines", "wiki", "auto"
 INPUT_FORMATS = (AUTO, LINES, WIKI)
@@ -59,6 +59,19 @@ def _open_text(path: str):
         return gzip.open(path, "rt", encoding="utf-8", errors="ignore")
     # Undecodable bytes are dropped, as the original's convert_to_unicode does.
     return open(path, "r", encoding="utf-8", errors="ignore")
+
+
+def unreadable(path: str, error: BaseException) -> InputError:
+    return InputError(f"{path}: cannot read it ({' '.join(str(error).split()) or type(error).__name__})")
+
+
+def check_readable(path: str) -> None:
+    """Raises InputError naming the file when it cannot be opened and read."""
+    try:
+        with _open_text(path) as f:
+            f.read(1)
+    except (OSError, EOFError) as e:
+        raise unreadable(path, e) from None
 
 
 def detect_format(path: str) -> str:
@@ -126,14 +139,22 @@ class RawDocument:
 
 def read_documents(paths: Sequence[str], input_format: str = AUTO) -> Iterator[RawDocument]:
     """Documents of all files in order; a document never spans two files."""
+    for path in paths:
+        yield from read_file_documents(path, input_format)
+
+
+def read_file_documents(path: str, input_format: str = AUTO) -> Iterator[RawDocument]:
+    """Documents of one file in order."""
     if input_format not in INPUT_FORMATS:
         raise InputError(f"input_format: expected one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
-    for path in paths:
+    try:
         fmt = detect_format(path) if input_format == AUTO else input_format
         with _open_text(path) as f:
             docs = _read_wiki_format(f, path) if fmt == WIKI else _read_lines_format(f)
             for lines in docs:
                 yield RawDocument(lines, fmt == WIKI, sum(len(s) + 1 for s in lines))
+    except (OSError, EOFError) as e:  # unreadable, truncated or corrupt (.gz) files
+        raise unreadable(path, e) from None
 
 
 def input_size_bytes(paths: Sequence[str]) -> int:
@@ -198,15 +219,41 @@ def document_sentences(doc: RawDocument) -> List[str]:
 # ------------------------------------------------------------------ blocks
 @dataclass
 class Block:
-    """Consecutive documents processed together; the random-next pool of its documents."""
+    """Consecutive documents of one file processed together; the random-next pool of its documents.
+
+    `file_index` (the file's place in the expanded input list) and `index` (the
+    block's place in that file) name the block: its seeds and its order.
+    """
 
     index: int
     first_document: int
     documents: List[RawDocument]
+    file_index: int = 0
 
     @property
     def num_bytes(self) -> int:
         return sum(d.num_bytes for d in self.documents)
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return self.file_index, self.index
+
+
+def iter_file_blocks(path: str, file_index: int, input_format: str, block_bytes: int) -> Iterator[Block]:
+    """The blocks of one input file (the unit of work of the local tool and of the Beam pipeline).
+
+    Blocks never span two files, so every file can be read on its own, in any
+    order and on any machine, and still give the same blocks.
+    """
+    for block in iter_blocks(read_file_documents(path, input_format), block_bytes):
+        block.file_index = file_index
+        yield block
+
+
+def iter_input_blocks(paths: Sequence[str], input_format: str, block_bytes: int) -> Iterator[Block]:
+    """The blocks of all files, file by file, in order."""
+    for file_index, path in enumerate(paths):
+        yield from iter_file_blocks(path, file_index, input_format, block_bytes)
 
 
 def iter_blocks(documents: Iterable[RawDocument], block_bytes: int, min_docs: int = 2) -> Iterator[Block]:

@@ -58,18 +58,83 @@ def count_words(lines: Iterable[str], do_lower_case: bool = True, strip_accents:
     rules act within a chunk), weighted by the chunk's count, which is the
     same as tokenizing every line and much faster on natural text.
     """
+    return chunk_words(count_chunks(lines, line_prefix_regex), do_lower_case, strip_accents)
+
+
+def count_chunks(lines: Iterable[str], line_prefix_regex: Optional[str] = None) -> "collections.Counter[str]":
+    """Counts of the whitespace-separated chunks of the lines (after removing the line prefix)."""
     prefix = re.compile(line_prefix_regex) if line_prefix_regex else None
     chunks: "collections.Counter[str]" = collections.Counter()
     for line in lines:
         if prefix is not None:
             line = prefix.sub("", line, count=1)
         chunks.update(line.split())
+    return chunks
+
+
+def chunk_words(chunks: Dict[str, int], do_lower_case: bool = True,
+                strip_accents: Optional[bool] = None) -> "collections.Counter[str]":
+    """Word counts of chunk counts: BasicTokenizer once per distinct chunk, weighted by its count.
+
+    Counts of parts of a corpus add up to the corpus's counts (the Beam pipeline's combine)."""
     basic = BasicTokenizer(do_lower_case=do_lower_case, strip_accents=strip_accents)
     words: "collections.Counter[str]" = collections.Counter()
     for chunk, n in chunks.items():
         for word in basic.tokenize(chunk):
             words[word] += n
     return words
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSettings:
+    """create_vocab's flags that turn word counts into a vocab."""
+
+    vocab_file: str
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    num_unused: int = DEFAULT_NUM_UNUSED
+    min_frequency: int = DEFAULT_MIN_FREQUENCY
+    extend_vocab: Optional[str] = None  # an existing vocab.txt whose [unusedN] slots are filled
+    max_new_tokens: Optional[int] = None
+
+    def check(self) -> None:
+        """Raises ValueError (one line) for settings that cannot give a vocab, before any counting."""
+        if self.extend_vocab:
+            from bert_tf.tokenization import load_vocab
+
+            if not any(UNUSED_TOKEN.match(t) for t in load_vocab(self.extend_vocab)):
+                raise VocabExtensionError(f"extend_vocab: {self.extend_vocab} has no [unusedN] slots to fill")
+        elif self.vocab_size <= len(special_tokens(self.num_unused)):
+            raise ValueError(f"vocab_size: {self.vocab_size} leaves no room after "
+                             f"{len(special_tokens(self.num_unused))} special tokens")
+
+
+def make_vocab(words: Dict[str, int], settings: VocabSettings, log, source: str = "the input") -> List[str]:
+    """Learns (or extends) the vocab from word counts, writes it (and the extension JSON), logs its statistics."""
+    from bert_tf.tokenization import load_vocab
+
+    if not words:
+        raise ValueError(f"input_file: no words in {source} (empty corpus)")
+    log.info("%d distinct words, %d in all", len(words), sum(words.values()))
+    if settings.extend_vocab:
+        base = list(load_vocab(settings.extend_vocab))
+        vocab, new_tokens = extend_vocab(base, words, settings.max_new_tokens, settings.min_frequency)
+    else:
+        vocab = learn_wordpiece_vocab(words, settings.vocab_size, settings.num_unused, settings.min_frequency)
+    write_vocab(settings.vocab_file, vocab)
+    log.info("Wrote %d tokens to %s", len(vocab), settings.vocab_file)
+    if settings.extend_vocab:
+        path = write_extension(settings.vocab_file, settings.extend_vocab, new_tokens)
+        log.info("Filled %d [unused] slots (e.g. %s); listed with their old pieces in %s", len(new_tokens),
+                 ", ".join(t.token for t in new_tokens[:8]), path)
+        _log_stats(log, f" with {settings.extend_vocab}", base, words)
+    _log_stats(log, f" with {settings.vocab_file}" if settings.extend_vocab else "", vocab, words)
+    return vocab
+
+
+def _log_stats(log, label, vocab, words):
+    stats = word_stats(vocab, words)
+    log.info("On the corpus%s: [UNK] %.4f%% of wordpieces, %.3f wordpieces per word", label,
+             100 * stats["unk_rate"], stats["pieces_per_word"])
 
 
 def _merged(a: str, b: str) -> str:

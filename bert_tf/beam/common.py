@@ -1,0 +1,246 @@
+"""What every bert_tf Beam pipeline shares: options, one-line errors, files written under temporary names."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import re
+import shlex
+import sys
+import tempfile
+import uuid
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+
+logger = logging.getLogger("bert_tf.beam")
+
+# DirectRunner (Beam's default) first tries to start the Prism runner, which it downloads from the
+# network. The engine it falls back to, the FnApiRunner, runs the same pipeline in local worker
+# processes with no download: a local run uses it directly.
+DIRECT_RUNNERS = ("directrunner", "direct", "switchingdirectrunner")
+LOCAL_RUNNER = "FnApiRunner"
+
+
+class BeamJobError(ValueError):
+    """A bad input found inside a pipeline; the message is one line that names the file."""
+
+
+def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_workers: int = 0) -> PipelineOptions:
+    """PipelineOptions from the Beam flags a script passed through, with bert_tf's local defaults.
+
+    --runner=DirectRunner (or none) runs on the FnApiRunner in `num_workers` processes
+    (--direct_running_mode=multi_processing, --direct_num_workers=N unless given), which never
+    tries to download a runner; every other runner (DataflowRunner, FlinkRunner, ...) is used as given.
+    """
+    args = [a for a in beam_args if not a.startswith("--runner")]
+    options = PipelineOptions(args)
+    name = runner or "DirectRunner"
+    if name.lower() in DIRECT_RUNNERS:
+        name = LOCAL_RUNNER
+        direct = options.view_as(DirectOptions)
+        if not any(a.startswith("--direct_running_mode") for a in args):
+            direct.direct_running_mode = "multi_processing"
+        if not any(a.startswith("--direct_num_workers") for a in args):
+            direct.direct_num_workers = num_workers or os.cpu_count() or 1
+        if not any(a.startswith("--default_sdk_harness_log_level") for a in args):
+            # The worker processes would log every failed bundle's traceback; the script prints one line.
+            options.view_as(WorkerOptions).default_sdk_harness_log_level = "CRITICAL"
+    options.view_as(StandardOptions).runner = name
+    return options
+
+
+def is_local(options: PipelineOptions) -> bool:
+    return (options.view_as(StandardOptions).runner or "").lower() in DIRECT_RUNNERS + ("fnapirunner",)
+
+
+def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """A Pipeline for these options; local worker processes write their stderr to a log file.
+
+    (Beam's worker process prints the traceback of every failed bundle to stderr, whatever the log
+    level; the scripts print one line instead, and the log keeps the rest.)
+    """
+    direct = options.view_as(DirectOptions)
+    if not is_local(options) or direct.direct_running_mode != "multi_processing":
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    log = os.path.join(tempfile.gettempdir(), f"bert_tf_beam_workers_{os.getpid()}.log")
+    logger.info("Beam worker processes' stderr: %s", log)
+    command = f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main 2>>{shlex.quote(log)}"
+    # The FnApiRunner builds this same environment for multi_processing; given here, the mode is left
+    # as in_memory so that it keeps ours (its num_workers still starts that many processes).
+    direct.direct_running_mode = "in_memory"
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").setLevel(logging.ERROR)
+    runner = FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
+    return beam.Pipeline(runner=runner, options=options)
+
+
+def quiet_local_logs() -> None:
+    """Local runs: the job service re-logs every worker traceback; the script prints one line instead."""
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.CRITICAL)
+    logging.getLogger("apache_beam.runners.worker").setLevel(logging.CRITICAL)
+
+
+_ERROR_LINE = re.compile(r"(?:BeamJobError|InputError|PretrainingDataError|VocabError|VocabExtensionError|PredictError|"
+                         r"CheckpointError|ConfigError): (.+?)"
+                         r"(?: \[while running '[^']*'\])*$", re.M)
+
+
+def job_error(exc: BaseException) -> Optional[str]:
+    """The one-line message of a bert_tf error raised inside a pipeline (runners wrap it), or None."""
+    if isinstance(exc, BeamJobError):
+        return str(exc)
+    match = _ERROR_LINE.search(str(exc))
+    return match.group(1).strip() if match else None
+
+
+def run(pipeline: beam.Pipeline):
+    """Runs a built pipeline to the end (returns its result); a bert_tf error inside it raises BeamJobError."""
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        return result
+    except Exception as e:  # runners wrap worker errors in their own types
+        message = job_error(e)
+        if message is None:
+            raise
+        raise BeamJobError(message) from None
+
+
+def counter(result, name: str) -> Optional[int]:
+    """The committed value of a bert_tf counter of a finished run (None where the runner does not report it)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace("bert_tf").with_name(name))["counters"]
+    except Exception:  # not every runner reports metrics
+        return None
+    return sum(c.committed or 0 for c in found) if found else None
+
+
+# ------------------------------------------------------------------ outputs through temporary names
+def temp_dir_for(output_path: str) -> str:
+    """A fresh directory beside the output for this job's temporary files."""
+    parent, name = os.path.split(output_path.rstrip("/"))
+    return FileSystems.join(parent or ".", f".{name}.beam-tmp-{uuid.uuid4().hex[:12]}")
+
+
+def temp_name(final_path: str, temp_dir: str) -> str:
+    return FileSystems.join(temp_dir, "final-" + os.path.basename(final_path))
+
+
+def publish(pairs: Iterable[Tuple[str, str]]) -> List[str]:
+    """Renames every (temporary, final) pair; the final names appear only once every file is complete."""
+    pairs = sorted(pairs, key=lambda p: p[1])
+    finals = [f for _, f in pairs]
+    existing = [m.path for r in FileSystems.match(finals) for m in r.metadata_list]
+    if existing:
+        FileSystems.delete(existing)
+    if pairs:
+        FileSystems.rename([t for t, _ in pairs], finals)
+    return finals
+
+
+def remove_dir(path: str) -> None:
+    """Deletes a temporary directory and everything in it (no error when it is not there)."""
+    try:
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+    except Exception as e:  # cleaning up must not hide the job's own error
+        logger.warning("could not remove %s: %s", path, e)
+
+
+# ------------------------------------------------------------------ sharded outputs from keyed parts
+# A part is one unit of work's output in a temporary file: (key, temporary path, records). Parts go
+# to shards by their keys and counts only, and a shard is written from its parts in key order, so
+# every shard has the same bytes whatever the number of workers or the order they finished in.
+Part = Tuple[tuple, str, int]
+
+
+def assign_balanced(parts: Sequence[Part], num_shards: int) -> List[Tuple[int, Part]]:
+    """Parts in key order, each to the shard with the fewest records so far (shards differ by one part at most)."""
+    heap = [(0, s) for s in range(num_shards)]
+    out = []
+    for part in sorted(parts):
+        count, shard = heapq.heappop(heap)
+        out.append((shard, part))
+        heapq.heappush(heap, (count + part[2], shard))
+    return out
+
+
+def assign_contiguous(parts: Sequence[Part], num_shards: int) -> List[Tuple[int, Part]]:
+    """Parts in key order cut into num_shards runs of about equal records: shard i holds rows before shard i+1's."""
+    parts = sorted(parts)
+    total = sum(p[2] for p in parts) or 1
+    out, before = [], 0
+    for part in parts:
+        out.append((min(num_shards - 1, before * num_shards // total), part))
+        before += part[2]
+    return out
+
+
+def sharded_paths(output_file: str, num_shards: int) -> List[str]:
+    return [f"{output_file}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, final_paths: List[str], temp_dir: str, write: Callable):
+        self.final_paths, self.temp_dir, self.write = final_paths, temp_dir, write
+
+    def process(self, item):
+        shard, parts = item
+        parts = sorted(p for p in parts if p is not None)
+        final = self.final_paths[shard]
+        tmp = temp_name(final, self.temp_dir)
+        with FileSystems.create(tmp) as out:
+            written = self.write(shard, parts, out)
+        yield tmp, final, written
+
+
+def _publish(shards: List[Tuple[str, str, int]], temp_dir: str, check: Optional[Callable]) -> Iterator[int]:
+    total = sum(n for _, _, n in shards)
+    if check is not None:
+        check(total)
+    publish((tmp, final) for tmp, final, _ in shards)
+    remove_dir(temp_dir)
+    yield total
+
+
+def write_sharded(pipeline: beam.Pipeline, assigned, final_paths: List[str], temp_dir: str, write: Callable,
+                  check: Optional[Callable] = None):
+    """(shard, part) pairs -> every final path written (empty shards too), then all renamed into place at once.
+
+    write(shard, parts in key order, open output) writes a shard and returns its record count;
+    check(total records) may raise before anything is renamed. Returns a PCollection of the total.
+    """
+    every_shard = pipeline | "EveryShard" >> beam.Create([(s, None) for s in range(len(final_paths))])
+    return ((assigned, every_shard)
+            | "WithEmptyShards" >> beam.Flatten()
+            | "ByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_WriteShard(final_paths, temp_dir, write))
+            | "AllShards" >> beam.combiners.ToList()
+            | "Publish" >> beam.FlatMap(_publish, temp_dir, check))
+
+
+def write_part(path: str, data: bytes) -> None:
+    """A part's temporary file (a retried bundle rewrites the same bytes)."""
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def concat_parts(shard: int, parts: Sequence[Part], out) -> int:
+    """Writes the parts' files one after another (a shard of rows in key order)."""
+    for _, path, _ in parts:
+        with FileSystems.open(path) as f:
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    break
+                out.write(data)
+    return sum(p[2] for p in parts)

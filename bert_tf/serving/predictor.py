@@ -1,0 +1,163 @@
+"""Answers rows of text with an exported SavedModel: what predict.py runs, one process or many (Beam).
+
+Imports only TensorFlow and tensorflow_text (for the tokenizer ops) at run time, nothing else of
+bert_tf: a SavedModel needs no bert_tf code to run.
+
+Inputs: one text per line, text<TAB>text_b, or JSON Lines ({"text": ..., "text_b": ...}; files
+ending in .jsonl or .json). Multiple choice takes its choices in text_b separated by "|" (or as a
+JSON list).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator, List, Tuple
+
+METADATA_FILE = "bert_tf_export.json"
+CHOICE_SEPARATOR = "|"
+JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz")
+Row = Tuple[str, str]
+
+
+class PredictError(ValueError):
+    """Bad input or model; the message is one line."""
+
+
+def _open_text(path: str):
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, "r")
+    if not os.path.isfile(path):
+        raise PredictError(f"{path}: input_file not found")
+    return open(path, encoding="utf-8")
+
+
+def _jsonl_row(path: str, number: int, line: str) -> Row:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise PredictError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        raise PredictError(f"{path}:{number}: expected a JSON object with a \"text\" string")
+    b = obj.get("text_b", "")
+    if isinstance(b, list):
+        b = CHOICE_SEPARATOR.join(map(str, b))
+    if not isinstance(b, str):
+        raise PredictError(f"{path}:{number}: \"text_b\" must be a string or a list of strings")
+    return obj["text"], b
+
+
+def iter_rows(path: str) -> Iterator[Row]:
+    """(text, text_b) for every non-blank line of a text, TSV or JSON Lines file, in order."""
+    jsonl = path.endswith(JSONL_SUFFIXES)
+    with _open_text(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line.strip():
+                continue
+            if jsonl:
+                yield _jsonl_row(path, number, line)
+                continue
+            parts = line.split("\t")
+            if len(parts) > 2:
+                raise PredictError(f"{path}:{number}: expected text or text<TAB>text_b, got {len(parts)} columns")
+            yield parts[0], parts[1] if len(parts) == 2 else ""
+
+
+def check_export(export_dir: str) -> str:
+    """The path of the export's metadata file; PredictError when export_dir is not one of our exports."""
+    metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
+    if "://" in export_dir:  # gs:// and other TensorFlow file systems
+        import tensorflow as tf
+
+        try:
+            found = all(tf.io.gfile.exists(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+        except tf.errors.OpError as e:
+            reason = " ".join(e.message.split()).split(" when reading")[0].split("error details: ")[-1]
+            raise PredictError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
+    else:
+        found = all(os.path.isfile(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+    if not found:
+        raise PredictError(f"{export_dir}: not a SavedModel written by export_savedmodel.py")
+    return metadata_file
+
+
+def load(export_dir: str):
+    """(serving signature, export metadata) of an export (float or int8)."""
+    metadata_file = check_export(export_dir)
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+
+    with tf.io.gfile.GFile(metadata_file, "rb") as f:
+        metadata = json.loads(f.read().decode("utf-8"))
+    return tf.saved_model.load(export_dir).signatures["serving_default"], metadata
+
+
+def run_batch(serve, kind, metadata, batch: List[Row]):
+    import tensorflow as tf
+
+    a = tf.constant([x for x, _ in batch])
+    b = [y for _, y in batch]
+    if kind == "span":
+        out = serve(question=a, context=tf.constant(b))
+    elif kind == "multiple_choice":
+        n = metadata["num_choices"]
+        choices = [y.split(CHOICE_SEPARATOR) for y in b]
+        if any(len(c) != n for c in choices):
+            raise PredictError(f"multiple choice: every input needs {n} choices separated by {CHOICE_SEPARATOR!r}")
+        out = serve(context=a, choices=tf.constant(choices))
+    elif kind == "tagging":
+        out = serve(text=a)
+    else:
+        out = serve(text_a=a, text_b=tf.constant(b))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def rows_of(kind, metadata, out, batch: List[Row]):
+    """One dict per input with the answer in plain Python types."""
+    for i, (a, b) in enumerate(batch):
+        row = {"text": a}
+        if b:
+            row["text_b"] = b
+        if kind == "classification":
+            row["label"] = out["label"][i].decode("utf-8")
+            row["probabilities"] = dict(zip(metadata["label_list"], map(float, out["probabilities"][i]), strict=True))
+        elif kind == "regression":
+            row["score"] = float(out["score"][i])
+        elif kind == "span":
+            row["answer"] = out["answer_text"][i].decode("utf-8")
+            row["score"] = float(out["answer_score"][i])
+        elif kind == "multiple_choice":
+            row["choice"] = int(out["choice"][i])
+            row["probabilities"] = [float(p) for p in out["probabilities"][i]]
+        elif kind == "tagging":
+            n = int(out["num_words"][i])
+            row["words"] = [w.decode("utf-8") for w in out["words"][i][:n]]
+            row["tags"] = [t.decode("utf-8") for t in out["tags"][i][:n]]
+        else:  # encoder
+            row["pooled_output"] = [float(x) for x in out["pooled_output"][i]]
+        yield row
+
+
+def json_line(row) -> str:
+    """A row as predict.py --format=json prints it (and the Beam pipeline writes it)."""
+    return json.dumps(row, ensure_ascii=False)
+
+
+class Predictor:
+    """A loaded export that turns a list of rows into JSON lines, `batch_size` rows per call."""
+
+    def __init__(self, export_dir: str, batch_size: int = 32):
+        self.serve, self.metadata = load(export_dir)
+        self.kind = self.metadata["export_type"]
+        self.batch_size = batch_size
+
+    def lines(self, rows: List[Row]) -> List[str]:
+        out: List[str] = []
+        for start in range(0, len(rows), self.batch_size):
+            batch = rows[start:start + self.batch_size]
+            result = run_batch(self.serve, self.kind, self.metadata, batch)
+            out.extend(json_line(r) for r in rows_of(self.kind, self.metadata, result, batch))
+        return out
