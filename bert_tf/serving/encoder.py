@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import ServingModule, ids_specs, our_names, string_spec
+from bert_tf.serving.module import ServingModule, ids_specs, our_names, pad_positions, string_spec
 
 
 class EncoderServing(ServingModule):
@@ -48,12 +48,20 @@ class EncoderServing(ServingModule):
             self.__call__.get_concrete_function(ids_specs(), training=training)  # saved with the export
 
     def _outputs(self, hub):
-        out = self._model(our_names(hub))
+        out = self._model_full_length(hub)
         result = {"pooled_output": tf.cast(out["pooled_output"], tf.float32),
                   "sequence_output": tf.cast(out["sequence_output"], tf.float32)}
         for i, layer in enumerate(out["encoder_outputs"]):
             result["encoder_outputs" if i == 0 else f"encoder_outputs_{i}"] = tf.cast(layer, tf.float32)
         return result
+
+    def _model_full_length(self, hub):
+        """The model's outputs with sequence_output and encoder_outputs padded back to S (zeros after the
+        batch's used positions: ServingModule._model)."""
+        out = self._model(our_names(hub))
+        seq = tf.shape(hub["input_mask"])[1]
+        return {"pooled_output": out["pooled_output"], "sequence_output": pad_positions(out["sequence_output"], seq),
+                "encoder_outputs": [pad_positions(x, seq) for x in out["encoder_outputs"]]}
 
     @tf.function(autograph=False, input_signature=[string_spec("text_a"), string_spec("text_b")])
     def serve_text(self, text_a, text_b):
@@ -69,7 +77,7 @@ class EncoderServing(ServingModule):
         if training:
             out = self.model(our_names(inputs), training=True)
         else:
-            out = self._model(our_names(inputs))
+            out = self._model_full_length(inputs)
         return {"default": out["pooled_output"], "pooled_output": out["pooled_output"],
                 "sequence_output": out["sequence_output"], "encoder_outputs": list(out["encoder_outputs"])}
 

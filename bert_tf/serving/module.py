@@ -28,6 +28,21 @@ from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LEN
 HUB_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 
 
+def used_length(input_mask: tf.Tensor) -> tf.Tensor:
+    """int [B, S] or [B, C, S] mask -> int32 scalar: 1 + the last position any row has a 1 at (at least 1)."""
+    mask = tf.reshape(input_mask, [-1, tf.shape(input_mask)[-1]])  # [rows, S]
+    used = tf.reduce_any(tf.not_equal(mask, 0), axis=0)  # [S]
+    positions = tf.range(1, tf.shape(mask)[1] + 1)
+    return tf.maximum(tf.reduce_max(tf.where(used, positions, 0)), tf.minimum(1, tf.shape(mask)[1]))
+
+
+def pad_positions(x: tf.Tensor, length) -> tf.Tensor:
+    """[B, s, ...] -> [B, length, ...] with zeros after position s (the positions `_model` did not compute)."""
+    pad = tf.reshape(length - tf.shape(x)[1], [1, 1])
+    paddings = tf.concat([[[0, 0]], tf.concat([[[0]], pad], axis=1), tf.zeros([tf.rank(x) - 2, 2], tf.int32)], 0)
+    return tf.pad(x, paddings)
+
+
 class ServingOptionsError(ValueError):
     """Export options a serving module cannot work with; the message is one line."""
 
@@ -105,9 +120,20 @@ class ServingModule(tf.Module):
         return {}
 
     def _model(self, features):
+        """The model on `features` (our names, int [B, S] or [B, C, S]) cut to the positions the batch uses.
+
+        Positions after the last one any row of the batch has in its input_mask are padding everywhere;
+        no real position attends to them (their attention bias is -10000: exp() of it is 0 in float32),
+        so the model is run on the used prefix only (`used_length`): the same values at every position
+        it computes, to float32 rounding, for a fraction of the work when texts are shorter than
+        max_seq_length. Outputs per position come back `used_length` long: `pad_positions` restores S.
+        int8: each layer's activation range is then taken over the used positions only (see quantize.py).
+        """
+        length = used_length(features["input_mask"])
+        features = {k: tf.cast(v[..., :length], tf.int32) for k, v in features.items()}
         if self._forward is None:
             return self.model(features, training=False)
-        return self._forward({k: tf.cast(v, tf.int32) for k, v in features.items()})
+        return self._forward(features)
 
     def _pack(self, text_a, text_b):
         """string [N], [N] -> int32 [N, S] TF-Hub inputs; text_b "" means one segment."""

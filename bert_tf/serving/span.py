@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import ServingModule, ServingOptionsError, ids_specs, our_names, string_spec
+from bert_tf.serving.module import (
+    ServingModule,
+    ServingOptionsError,
+    ids_specs,
+    our_names,
+    pad_positions,
+    string_spec,
+)
 from bert_tf.serving.tokenizer import pack_pair
 
 
@@ -45,8 +52,8 @@ class SpanServing(ServingModule):
 
     def _outputs(self, hub):
         out = self._model(our_names(hub))
-        start, end = tf.cast(out["start_logits"], tf.float32), tf.cast(out["end_logits"], tf.float32)  # [B, S]
-        seq = tf.shape(start)[1]
+        seq = tf.shape(hub["input_mask"])[1]
+        start, end = (pad_positions(tf.cast(out[k], tf.float32), seq) for k in ("start_logits", "end_logits"))  # [B, S]
         positions = tf.range(seq)[None, :]  # [1, S]
         last = tf.reduce_sum(hub["input_mask"], axis=1, keepdims=True) - 1  # [B, 1]: the final [SEP]
         in_context = tf.logical_and(tf.equal(hub["input_type_ids"], 1), positions < last)  # [B, S]

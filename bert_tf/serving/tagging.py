@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import ServingModule, ServingOptionsError, ids_specs, our_names, string_spec
+from bert_tf.serving.module import (
+    ServingModule,
+    ServingOptionsError,
+    ids_specs,
+    our_names,
+    pad_positions,
+    string_spec,
+)
 from bert_tf.serving.tokenizer import pack_pair
 
 
@@ -27,7 +34,7 @@ class TaggingServing(ServingModule):
             raise ServingOptionsError("tagging export needs a label_list")
 
     def _predict(self, hub):
-        logits = tf.cast(self._model(our_names(hub)), tf.float32)  # [B, S, L]
+        logits = pad_positions(tf.cast(self._model(our_names(hub)), tf.float32), tf.shape(hub["input_mask"])[1])  # [B, S, L]
         return logits, tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
 
     @tf.function(autograph=False, input_signature=[string_spec("text")])
