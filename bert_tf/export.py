@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -285,6 +286,12 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
                           f"{PREPROCESSOR} or {task}")
     if "max_query_length" in info:
         kwargs.setdefault("max_query_length", info["max_query_length"])
+    if export_type != "encoder" and (info.get("long_inputs") == "windows" or info.get("doc_stride")) \
+            and task != "span":
+        logging.getLogger("bert_tf.export").warning(
+            "%s was fine-tuned on windows of long texts, but the SavedModel reads only the first %d word pieces "
+            "of each text (no windows in the serving graph yet): cut long texts into windows before calling it",
+            model_dir, max_seq_length or info["max_seq_length"])
     return export_serving_model(
         model, export_type, export_dir, vocab_file, do_lower_case=info["do_lower_case"],
         max_seq_length=max_seq_length or info["max_seq_length"], strip_accents=info.get("strip_accents"),
