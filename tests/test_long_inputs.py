@@ -240,3 +240,61 @@ def test_windows_pack_like_any_examples(tokenizer):
     outputs = packed.unpack(per_slot)
     np.testing.assert_array_equal(aggregate_windows(outputs, window_example, 5, "first")[:, 0],
                                   outputs[np.searchsorted(window_example, np.arange(5)), 0])
+
+
+def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, windows_model, tmp_path):
+    """A model directory trained with windows exports a SavedModel whose text signatures cut long texts into the
+    same windows and aggregate them as the runner does: its probabilities equal test_results.tsv (float32
+    rounding) for texts shorter than a window, of 3x max_seq_length and in between; the metadata records it."""
+    import tensorflow as tf
+
+    from bert_tf.export import export_model_dir
+
+    rng = np.random.default_rng(5)
+    data = tmp_path / "data"
+    data.mkdir()
+    texts = [_doc(rng, 6), _doc(rng, 3 * SEQ, marker_at=30), _doc(rng, 20), _doc(rng, 3 * SEQ), _doc(rng, 14)]
+    _write_split(data / "test.tsv", [(text, "") for text in texts], with_label=False)
+    out = windows_model[1]
+    tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
+    for aggregation in ("mean", "max"):
+        _run(tiny_model, data, out, do_predict=True, long_inputs="windows", doc_stride=5,
+             window_aggregation=aggregation)
+        expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
+        export = export_model_dir(str(out), str(tmp_path / f"export_{aggregation}"))
+        metadata = json.loads((tmp_path / f"export_{aggregation}" / "assets" / "bert_tf_export.json").read_text())
+        assert (metadata["long_inputs"], metadata["doc_stride"], metadata["window_aggregation"]) == \
+            ("windows", 5, aggregation)
+        loaded = tf.saved_model.load(export)
+        single = loaded.signatures["serve_text"](text=tf.constant(texts))["probabilities"].numpy()
+        default = loaded.signatures["serving_default"](text_a=tf.constant(texts),
+                                                       text_b=tf.constant([""] * len(texts)))["probabilities"]
+        np.testing.assert_allclose(single, expected, atol=tolerance)
+        np.testing.assert_allclose(default.numpy(), expected, atol=tolerance)
+        if aggregation == "max":  # the marker past the first window is found: the windows were read
+            assert single[1].argmax() == 1 and single[3].argmax() == 0, single
+
+
+def test_serving_windows_are_the_runner_windows(tokenizer, tiny_model):
+    """The graph's windows (bert_tf.serving.windows.window_inputs) hold the ids, mask and segments of the runner's
+    (glue.convert_examples_to_windows) for single texts and pairs, short and long, in the same order."""
+    import tensorflow as tf
+
+    from bert_tf.serving.tokenizer import InGraphTokenizer
+    from bert_tf.serving.windows import window_inputs
+
+    rng = np.random.default_rng(2)
+    examples = [glue.InputExample("0", _doc(rng, 40)), glue.InputExample("1", _doc(rng, 5)),
+                glue.InputExample("2", "how are you ?", _doc(rng, 30)), glue.InputExample("3", "hello", "a cat"),
+                glue.InputExample("4", _doc(rng, 15))]
+    features, window_example = glue.convert_examples_to_windows(examples, None, SEQ, tokenizer, doc_stride=5)
+    arrays = glue.features_to_arrays(features, SEQ)
+    graph_tokenizer = InGraphTokenizer(str(tiny_model / "vocab.txt"), do_lower_case=True)
+    ids = graph_tokenizer.tokenize(tf.constant([e.text_a for e in examples] + [e.text_b or "" for e in examples]))
+    hub, example, count = window_inputs(ids[:5], ids[5:], SEQ, 5, graph_tokenizer.lookup("[CLS]"),
+                                        graph_tokenizer.lookup("[SEP]"))
+    np.testing.assert_array_equal(example.numpy(), window_example)
+    np.testing.assert_array_equal(count.numpy(), np.bincount(window_example))
+    np.testing.assert_array_equal(hub["input_word_ids"].numpy(), arrays["input_ids"])
+    np.testing.assert_array_equal(hub["input_mask"].numpy(), arrays["input_mask"])
+    np.testing.assert_array_equal(hub["input_type_ids"].numpy(), arrays["segment_ids"])

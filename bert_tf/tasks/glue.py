@@ -13,7 +13,8 @@ returns the spec of a GLUE task or XNLI; `user_task(...)` describes your own fil
 
 Features follow the original's layout `[CLS] A [SEP] B [SEP]` (segment 0 up to and
 including the first [SEP]); a pair too long for `max_seq_length` is truncated one
-token at a time from the end of the longer side (`truncate_seq_pair`).
+token at a time from the end of the longer side (`truncate_seq_pair`), or with
+`convert_examples_to_windows` cut into stride windows (over text_b for pairs, text_a whole in each).
 """
 
 from __future__ import annotations
