@@ -181,6 +181,35 @@ def define_packing_flags(unit: str, default_constant: str, note: str = ""):
                          f"(default: bert_tf.data.packing.{default_constant}).")
 
 
+def define_doc_stride_flag(default: int = 128, note: str = ""):
+    """--doc_stride, SQuAD's flag: how far apart the windows over a long text start."""
+    flags.DEFINE_integer("doc_stride", default, "A text too long for one window is cut into overlapping windows "
+                         "that start this many word pieces apart (the last one reaching the end)."
+                         f"{' ' + note if note else ''}")
+
+
+def define_long_input_flags():
+    """--long_inputs, --doc_stride and --window_aggregation: what a classifier does with inputs longer than one window."""
+    flags.DEFINE_enum("long_inputs", "truncate", ["truncate", "windows"], "Inputs longer than --max_seq_length: "
+                      "truncate them (the original), or cut them into windows --doc_stride word pieces apart "
+                      "(pairs: windows over text_b, text_a whole in each) that training sees all of and "
+                      "prediction aggregates into one output per input.")
+    define_doc_stride_flag(note="--long_inputs=windows only.")
+    flags.DEFINE_enum("window_aggregation", "mean", ["mean", "max", "first"], "--long_inputs=windows: one output "
+                      "per input from its windows' logits: their mean, each class's max (for 'does the text "
+                      "contain X anywhere'), or the first window's.")
+
+
+def check_long_input_flags():
+    """A one-line exit for window settings no run can use (before the TensorFlow start-up)."""
+    from bert_tf.tasks.windows import check_window_settings
+
+    try:
+        check_window_settings(FLAGS.long_inputs, FLAGS.doc_stride, FLAGS.window_aggregation)
+    except ValueError as e:
+        fail(str(e))
+
+
 def define_overwrite_flag():
     flags.DEFINE_bool("overwrite_output_dir", False, "Delete a previous run's checkpoints, summaries and model "
                       "files from --output_dir and start afresh (without it, a run resumes from them, and one "

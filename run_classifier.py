@@ -9,6 +9,8 @@ original's eval_results.txt and test_results.tsv, and GLUE submission files.
     --bert_config_file=uncased_L-12_H-768_A-12/bert_config.json \
     --vocab_file=uncased_L-12_H-768_A-12/vocab.txt \
     --do_train --do_eval --output_dir=/tmp/mrpc
+
+Longer texts than --max_seq_length: --long_inputs=windows --doc_stride=64 --window_aggregation=mean.
 """
 
 from absl import app, flags
@@ -28,6 +30,7 @@ flags.DEFINE_string("label_column", "label", "--task_name=user: the header of th
 flags.DEFINE_string("index_column", None, "--task_name=user: the header of the id column of the test file.")
 flags.DEFINE_list("labels", None, "--task_name=user: the label set in id order (default: read from train).")
 flags.DEFINE_bool("regression", False, "--task_name=user: the label is a number (Pearson/Spearman).")
+bert_flags.define_long_input_flags()
 bert_flags.define_finetuning_flags()
 
 
@@ -38,6 +41,7 @@ def main(_):
 
     if not FLAGS.task_name or not FLAGS.data_dir:
         fail("--task_name and --data_dir are required")
+    bert_flags.check_long_input_flags()
     try:
         if FLAGS.task_name.lower() == "user":
             task = glue.user_task(FLAGS.text_a_column, FLAGS.label_column, FLAGS.text_b_column,
@@ -49,7 +53,8 @@ def main(_):
         fail(str(e))
     settings = bert_flags.finetune_settings()
     cfg = ClassifierRunConfig(
-        task=task, data_dir=FLAGS.data_dir, **bert_flags.finetune_config_kwargs(settings))
+        task=task, data_dir=FLAGS.data_dir, long_inputs=FLAGS.long_inputs, doc_stride=FLAGS.doc_stride,
+        window_aggregation=FLAGS.window_aggregation, **bert_flags.finetune_config_kwargs(settings))
     bert_flags.run_and_report(run, cfg, settings)
 
 

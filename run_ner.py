@@ -27,6 +27,9 @@ flags.DEFINE_bool("feature_based", False, "Do not fine-tune BERT: train a 2-laye
                   "features (the paper's feature-based approach, Table 7).")
 flags.DEFINE_string("feature_layers", "concat_last:4", "--feature_based: how the encoder layers are combined: "
                     "layer:<index>, sum_last:<k>, concat_last:<k> (the paper's best) or scalar_mix (learned).")
+bert_flags.define_doc_stride_flag(0, note="0 (the default here): windows of whole words one after another, "
+                                  "without overlap. > 0: each word is tagged in the window that gives it the most "
+                                  "context (SQuAD's rule).")
 bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=5e-5, train_batch_size=32, num_train_epochs=3.0)
 
 
@@ -43,7 +46,7 @@ def main(_):
     settings = bert_flags.finetune_settings()
     cfg = NerRunConfig(
         data_dir=FLAGS.data_dir, labels=tuple(labels) if labels else None, feature_based=FLAGS.feature_based,
-        feature_layers=FLAGS.feature_layers, **bert_flags.finetune_config_kwargs(settings))
+        feature_layers=FLAGS.feature_layers, doc_stride=FLAGS.doc_stride, **bert_flags.finetune_config_kwargs(settings))
     bert_flags.run_and_report(run, cfg, settings)
 
 

@@ -21,8 +21,7 @@ from bert_flags import FLAGS, fail
 flags.DEFINE_string("train_file", None, "--do_train: the SQuAD JSON to train on (train-v1.1.json, train-v2.0.json).")
 flags.DEFINE_string("predict_file", None, "--do_predict: the SQuAD JSON to answer (dev-v1.1.json, ...); when its "
                     "questions carry answers, the predictions are also scored with the official metrics.")
-flags.DEFINE_integer("doc_stride", 128, "A context too long for one window is cut into overlapping windows that "
-                     "start this many word pieces apart.")
+bert_flags.define_doc_stride_flag(128)
 flags.DEFINE_integer("max_query_length", 64, "Questions are cut to this many word pieces.")
 flags.DEFINE_integer("n_best_size", 20, "Candidates kept per window and start/end side, and answers listed per "
                      "question in nbest_predictions.json.")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -45,6 +46,7 @@ from bert_tf.serving.preprocessor import PreprocessorServing
 from bert_tf.serving.span import SpanServing
 from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import InGraphTokenizer, tokenizer_metadata
+from bert_tf.serving.windows import windowed
 from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 from bert_tf.tokenization.full import load_vocab
 
@@ -131,6 +133,7 @@ def export_serving_model(
     overwrite: bool = False,
     quantize: Optional[str] = None,
     int8_weight_scale: str = "channel",
+    windows: Optional[tuple] = None,
 ) -> str:
     """Writes a self-contained SavedModel of `model` (an encoder or a task model) to export_dir.
 
@@ -142,10 +145,19 @@ def export_serving_model(
     dense layers run as dynamic int8 (bert_tf.serving.quantize; x86 TensorFlow with
     oneDNN, at export and serving), the rest float32. int8_weight_scale: "channel"
     (one int8 scale per output column) or "tensor" (one per matrix; less accurate).
+    windows: (doc_stride, aggregation) for a classifier or regressor trained with --long_inputs=windows:
+    its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows).
     """
     serving_module = SERVING_MODULES.get(export_type)
     if serving_module is None:
         raise ExportError(f"task_type {export_type!r} cannot be exported; expected one of {', '.join(EXPORT_TYPES)}")
+    if windows is not None:
+        if export_type not in ("classification", "regression"):
+            raise ExportError(f"windows apply to classification and regression exports, not {export_type}")
+        try:
+            serving_module = windowed(serving_module, *windows)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
     quantize = check_quantize(quantize)
     if quantize and int8_weight_scale not in quantization.WEIGHT_SCALES:
         raise ExportError(f"int8_weight_scale {int8_weight_scale!r}; expected one of "
@@ -285,6 +297,13 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
                           f"{PREPROCESSOR} or {task}")
     if "max_query_length" in info:
         kwargs.setdefault("max_query_length", info["max_query_length"])
+    if export_type in ("classification", "regression") and info.get("long_inputs") == "windows":
+        kwargs.setdefault("windows", (info["doc_stride"], info["window_aggregation"]))
+    elif export_type == "tagging" and info.get("doc_stride"):
+        logging.getLogger("bert_tf.export").warning(
+            "%s was fine-tuned on overlapping windows, but the tagging SavedModel reads only the first %d word "
+            "pieces of each text (no windows in its graph yet): cut long texts before calling it",
+            model_dir, max_seq_length or info["max_seq_length"])
     return export_serving_model(
         model, export_type, export_dir, vocab_file, do_lower_case=info["do_lower_case"],
         max_seq_length=max_seq_length or info["max_seq_length"], strip_accents=info.get("strip_accents"),

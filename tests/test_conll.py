@@ -77,6 +77,55 @@ def test_long_sentences_become_windows_of_whole_words(tokenizer):
     assert arrays["label_ids"].shape == (3, 5) and arrays["label_ids"][0, 4] == X
 
 
+def test_stride_windows_label_each_word_in_its_max_context_window(tokenizer):
+    """--doc_stride: overlapping piece windows; a word is labelled (trained and predicted) only in the window
+    where its first piece has the most context (min of the pieces left and right of it in the window, plus
+    0.01 x the window's length, the first window winning ties; computed here without the library), so every
+    word gets exactly one prediction."""
+    rng = np.random.default_rng(0)
+    vocabulary = ["the", "cat", "unwanted", "running", "sat", ".", "hello", "dogs"]  # 1, 1, 3, 2, 1, 1, 1, 2 pieces
+    words = list(rng.choice(vocabulary, size=30))
+    example = conll.NerExample("s", words, ["B-PER" if w == "cat" else "O" for w in words], [[w] for w in words])
+    labels = ["O", "B-PER"]
+    max_seq_length, stride = 10, 3  # windows of 8 pieces, 3 apart: most pieces sit in two or three windows
+    features = conll.convert_examples_to_features([example], labels, max_seq_length, tokenizer, doc_stride=stride)
+    pieces = [tokenizer.tokenize(w) for w in words]
+    first = np.cumsum([0] + [len(p) for p in pieces])[:-1]  # each word's first piece in the sentence
+    total = sum(len(p) for p in pieces)
+    spans, start = [], 0
+    while True:
+        spans.append((start, min(8, total - start)))
+        if start + 8 >= total:
+            break
+        start += stride
+    assert len(features) == len(spans) > 5
+    for feature, (start, length) in zip(features, spans, strict=True):
+        assert feature.input_ids[1:-1] == tokenizer.convert_tokens_to_ids(
+            [p for word in pieces for p in word][start:start + length])
+
+    def best_window(position):
+        scores = [min(position - s, s + n - 1 - position) + 0.01 * n if s <= position < s + n else -1
+                  for s, n in spans]
+        return int(np.argmax(scores))  # the first of equal scores
+
+    expected = [best_window(p) for p in first]
+    # Predict "the window's number" at every position: each word's tag names the window it came from.
+    window_tags = [f"w{i}" for i in range(len(features))]
+    position_predictions = np.array([[i] * max_seq_length for i in range(len(features))])
+    predicted = conll.window_predictions_to_labels([example], features, position_predictions, window_tags)
+    assert predicted == [[f"w{i}" for i in expected]]
+    # Training sees each word's label once, where it is predicted; the other windows leave it unlabelled.
+    labelled = [(i, first[w] - spans[i][0] + 1) for w, i in enumerate(expected)]
+    for i, feature in enumerate(features):
+        ids = [(i, p) for p, label in enumerate(feature.label_ids) if label != X]
+        assert ids == [(j, p) for j, p in labelled if j == i]
+    assert sum(label != X for f in features for label in f.label_ids) == len(words)
+    # A sentence that fits is one window, the same as without a stride.
+    short = conll.NerExample("t", words[:4], ["O"] * 4, [[w] for w in words[:4]])
+    assert conll.convert_examples_to_features([short], labels, 16, tokenizer, doc_stride=stride) == \
+        conll.convert_examples_to_features([short], labels, 16, tokenizer)
+
+
 def test_conlleval_by_hand_iob2():
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
     pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "O"]]

@@ -187,6 +187,24 @@ def test_eval_only_reloads_the_trained_model_and_its_labels(trained, settings, d
     assert results["eval_loss"] == pytest.approx(float(before["eval_loss"]), rel=1e-4)
 
 
+def test_stride_windows_tag_every_word_once(settings, data_dir, tmp_path):
+    """doc_stride > 0: the 20-word dev and test sentences (several overlapping windows at max_seq_length 16)
+    get one tag per word in the written files, and conlleval over eval_predictions.txt is eval_f1."""
+    from bert_tf.runners.ner import NerRunConfig, run
+    from bert_tf.tasks.conll import conlleval
+
+    out = tmp_path / "out"
+    results = run(NerRunConfig(data_dir=str(data_dir), output_dir=str(out), run=settings,
+                               max_seq_length=MAX_SEQ_LENGTH, doc_stride=4, do_train=True, do_eval=True,
+                               do_predict=True, train_batch_size=8, num_train_epochs=1.0))
+    assert [w[:-1] for w in word_lines(out / "eval_predictions.txt")] == word_lines(data_dir / "valid.txt")
+    assert [w[:-1] for w in word_lines(out / "test_predictions.txt")] == word_lines(data_dir / "test.txt")
+    gold, pred = sentences_of(out / "eval_predictions.txt", -2, -1)
+    assert max(len(g) for g in gold) == 20
+    assert conlleval(gold, pred)["f1"] == pytest.approx(results["dev"]["eval_f1"])
+    assert json.loads((out / "bert_tf_info.json").read_text())["doc_stride"] == 4
+
+
 def test_real_conll_layout_in_process(settings, tmp_path):
     """The real CoNLL-2003 files through `run`: 2 steps, eval on valid.txt, tagged test.txt scored too."""
     from bert_tf.runners.ner import NerRunConfig, run

@@ -7,6 +7,10 @@ of each word carries the word's tag; the loss is the mean cross-entropy over tho
 pieces only. Scores are entity-level precision / recall / F1 with conlleval's
 semantics (bert_tf.tasks.conll.conlleval).
 
+A sentence longer than max_seq_length becomes windows of whole words one after another, or
+with `doc_stride` > 0 overlapping windows `doc_stride` pieces apart where each word is trained and
+predicted in the window that gives it the most context (SQuAD's rule, bert_tf.tasks.windows).
+
 With `feature_based` the encoder is not fine-tuned: a 2-layer BiLSTM tagger is
 trained on its frozen features (the paper's feature-based approach, §5.3;
 `feature_layers` says how layers are combined, concat_last:4 by default;
@@ -55,6 +59,7 @@ class NerRunConfig(FinetuneConfig):
     labels: Optional[Tuple[str, ...]] = None  # None: the trained model's, else the tags of train.txt
     feature_based: bool = False  # train a BiLSTM on frozen encoder features instead of fine-tuning
     feature_layers: str = DEFAULT_FEATURE_LAYERS  # how the frozen layers are combined (feature_based only)
+    doc_stride: int = 0  # > 0: overlapping windows this many pieces apart (0: whole-word windows, no overlap)
 
 
 def tagging_loss(model, batch, training):
@@ -143,6 +148,8 @@ class NerTask(FinetuneTask):
     loss = staticmethod(tagging_loss)
 
     def __init__(self, cfg: NerRunConfig):
+        if cfg.doc_stride < 0:
+            raise FinetuneError(f"--doc_stride must be positive (or 0: windows of whole words), got {cfg.doc_stride}")
         self.cfg = cfg
         if cfg.feature_based:
             self.not_packable = "the feature-based BiLSTM reads a whole row as one sentence"
@@ -157,13 +164,14 @@ class NerTask(FinetuneTask):
             combination = parse_layer_combination(cfg.feature_layers).fit(layers)
             combination.layer_indexes(layers)  # bad index: one line, before any work
             info.update(feature_based=True, feature_layers=combination.spec)
-        return info, {}
+        return info, ({"doc_stride": cfg.doc_stride} if cfg.doc_stride else {})
 
     def featurize(self, split, tokenizer):
         cfg = self.cfg
         examples = self.train_examples if split == "train" else read_split(cfg.data_dir, split)
         try:
-            features = conll.convert_examples_to_features(examples, self.labels, cfg.max_seq_length, tokenizer)
+            features = conll.convert_examples_to_features(examples, self.labels, cfg.max_seq_length, tokenizer,
+                                                          doc_stride=cfg.doc_stride)
         except TaskDataError as e:
             if split == "train" or self.labels_from is None:
                 raise

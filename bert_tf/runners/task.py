@@ -38,7 +38,9 @@ class FinetuneConfig:
 class Featurized:
     """One split read and featurized: the model's input arrays (first axis N) and what decoding needs.
 
-    count: what the number of training steps is computed from (examples, as the original; NER: windows).
+    count: what the number of training steps is computed from (examples, as the original; windows where
+    an example is cut into several).
+    window_example: int [M] when a row of `arrays` is one window of an example: the example of each row.
     """
 
     examples: List[Any]
@@ -46,6 +48,7 @@ class Featurized:
     count: int
     features: Optional[List[Any]] = None
     packed: Optional[Any] = None  # bert_tf.data.packing.PackedExamples of `arrays` (--pack_sequences)
+    window_example: Optional[Any] = None
 
 
 class FinetuneTask:

@@ -27,7 +27,9 @@ class ClassifierServing(ServingModule):
             raise ServingOptionsError("classification export needs a label_list")
 
     def _outputs(self, hub):
-        logits = tf.cast(self._model(our_names(hub)), tf.float32)  # [B, L]
+        return self._from_logits(tf.cast(self._model(our_names(hub)), tf.float32))  # [B, L]
+
+    def _from_logits(self, logits):
         if self.regression:
             return {"score": logits[:, 0]}
         label_id = tf.argmax(logits, axis=-1)

@@ -6,7 +6,10 @@ last column. As in the BERT paper, only the first word piece of each word carrie
 word's label; the other pieces, [CLS], [SEP] and padding get `IGNORE_LABEL_ID`.
 
 A sentence with more pieces than fit in `max_seq_length` is cut into several windows of
-whole words (no word is lost); `window_predictions_to_labels` reassembles them.
+whole words one after another (no word is lost), or, given a `doc_stride`, into overlapping
+windows of pieces `doc_stride` apart as SQuAD's context (bert_tf.tasks.windows): a word is then
+labelled (trained and predicted) only in the window that gives its first piece the most context.
+`window_predictions_to_labels` reassembles them.
 
 Scoring is conlleval's (the CoNLL shared-task Perl script): entity chunks from IOB1 or
 IOB2 tags, a chunk counts as correct when its start, end and type all match; precision,
@@ -24,6 +27,7 @@ import numpy as np
 
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, read_text
 from bert_tf.tasks.glue import tokens_to_ids
+from bert_tf.tasks.windows import check_is_max_context, doc_spans_for
 
 DOCSTART = "-DOCSTART-"
 # The CoNLL-2003 tag set in IOB1 as distributed (B- only between two adjacent entities of one type).
@@ -48,8 +52,8 @@ class NerFeatures:
 
     input_ids, input_mask, segment_ids, label_ids: int lists (unpadded unless asked); label_ids
     holds the word's label id at each word's first piece and IGNORE_LABEL_ID elsewhere.
-    word_start: index in the sentence of the window's first word; label_positions: for each word of
-    the window (in order), the position of its first piece.
+    word_start: index in the sentence of the window's first labelled word; label_positions: for each
+    word the window labels (in order, consecutive words), the position of its first piece.
     """
 
     example_index: int
@@ -116,14 +120,20 @@ def convert_examples_to_features(
     max_seq_length: int,
     tokenizer,
     pad_to_max_length: bool = False,
+    doc_stride: int = 0,
 ) -> List[NerFeatures]:
-    """Sentences -> windows `[CLS] pieces [SEP]` of whole words (see the module docstring).
+    """Sentences -> windows `[CLS] pieces [SEP]` (see the module docstring).
 
+    doc_stride 0: windows of whole words one after another; a single word with more pieces than
+    fit keeps its first pieces. doc_stride > 0: overlapping windows of pieces, each starting
+    doc_stride pieces after the previous; each word labelled in its first piece's max-context window.
     A word that tokenizes to nothing (only control characters) becomes [UNK] so it still gets a
-    prediction; a single word with more pieces than fit keeps its first pieces.
+    prediction.
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
+    if doc_stride < 0:
+        raise ValueError(f"doc_stride must be positive (or 0: windows of whole words), got {doc_stride}")
     label_to_id = {label: i for i, label in enumerate(labels)}
     room = max_seq_length - 2  # [CLS] and [SEP]
     features = []
@@ -137,6 +147,11 @@ def convert_examples_to_features(
             if unknown:
                 raise TaskDataError(f"sentence {example.guid}: unknown tag {unknown[0]!r} "
                                     f"(expected one of {', '.join(labels)})")
+        word_ids = [label_to_id[t] for t in example.labels] if example.labels is not None else None
+        if doc_stride:
+            features += _stride_windows(example_index, pieces, word_ids, room, doc_stride, tokenizer,
+                                        max_seq_length if pad_to_max_length else 0)
+            continue
         start = 0
         while start < len(example.words):
             tokens, label_ids, positions = ["[CLS]"], [IGNORE_LABEL_ID], []
@@ -146,22 +161,49 @@ def convert_examples_to_features(
                 if end > start and len(tokens) - 1 + len(word_pieces) > room:
                     break
                 positions.append(len(tokens))
-                label_id = label_to_id[example.labels[end]] if example.labels is not None else 0
+                label_id = word_ids[end] if word_ids is not None else 0
                 tokens += word_pieces
                 label_ids += [label_id] + [IGNORE_LABEL_ID] * (len(word_pieces) - 1)
                 end += 1
             tokens.append("[SEP]")
             label_ids.append(IGNORE_LABEL_ID)
-            input_ids = tokens_to_ids(tokenizer, tokens)
-            input_mask = [1] * len(input_ids)
-            segment_ids = [0] * len(input_ids)
-            if pad_to_max_length:
-                pad = max_seq_length - len(input_ids)
-                input_ids, input_mask, segment_ids = input_ids + [0] * pad, input_mask + [0] * pad, segment_ids + [0] * pad
-                label_ids = label_ids + [IGNORE_LABEL_ID] * pad
-            features.append(NerFeatures(example_index, start, input_ids, input_mask, segment_ids, label_ids, positions))
+            features.append(_window(example_index, start, tokens, label_ids, positions, tokenizer,
+                                    max_seq_length if pad_to_max_length else 0))
             start = end
     return features
+
+
+def _stride_windows(example_index: int, pieces: Sequence[List[str]], word_ids: Optional[List[int]], room: int,
+                    doc_stride: int, tokenizer, pad_to: int) -> List[NerFeatures]:
+    """One sentence's overlapping piece windows; a word is labelled where its first piece has most context."""
+    flat, first_piece = [], []  # the sentence's pieces; the index in `flat` of each word's first piece
+    for word_pieces in pieces:
+        first_piece.append(len(flat))
+        flat += word_pieces
+    spans = doc_spans_for(len(flat), room, doc_stride)
+    features = []
+    for span_index, (start, length) in enumerate(spans):
+        tokens = ["[CLS]"] + flat[start:start + length] + ["[SEP]"]
+        label_ids = [IGNORE_LABEL_ID] * len(tokens)
+        owned = [w for w, p in enumerate(first_piece)
+                 if start <= p < start + length and check_is_max_context(spans, span_index, p)]
+        positions = [first_piece[w] - start + 1 for w in owned]
+        for w, position in zip(owned, positions, strict=True):
+            label_ids[position] = word_ids[w] if word_ids is not None else 0
+        features.append(_window(example_index, owned[0] if owned else 0, tokens, label_ids, positions, tokenizer,
+                                pad_to))
+    return features
+
+
+def _window(example_index, word_start, tokens, label_ids, positions, tokenizer, pad_to: int) -> NerFeatures:
+    """The NerFeatures of one window's tokens, zero-padded to `pad_to` when it is not 0."""
+    input_ids = tokens_to_ids(tokenizer, tokens)
+    input_mask, segment_ids = [1] * len(input_ids), [0] * len(input_ids)
+    if pad_to:
+        pad = pad_to - len(input_ids)
+        input_ids, input_mask, segment_ids = input_ids + [0] * pad, input_mask + [0] * pad, segment_ids + [0] * pad
+        label_ids = label_ids + [IGNORE_LABEL_ID] * pad
+    return NerFeatures(example_index, word_start, input_ids, input_mask, segment_ids, label_ids, positions)
 
 
 def _tokenize_words(tokenizer, words: Sequence[str]) -> List[List[str]]:

@@ -13,7 +13,8 @@ returns the spec of a GLUE task or XNLI; `user_task(...)` describes your own fil
 
 Features follow the original's layout `[CLS] A [SEP] B [SEP]` (segment 0 up to and
 including the first [SEP]); a pair too long for `max_seq_length` is truncated one
-token at a time from the end of the longer side (`truncate_seq_pair`).
+token at a time from the end of the longer side (`truncate_seq_pair`), or with
+`convert_examples_to_windows` cut into stride windows (over text_b for pairs, text_a whole in each).
 """
 
 from __future__ import annotations
@@ -428,6 +429,34 @@ def pair_to_ids(tokenizer, tokens_a: list, tokens_b: Optional[list], max_seq_len
     return tokens_to_ids(tokenizer, tokens), segment_ids
 
 
+def _label_id(example: InputExample, label_to_id: Optional[Dict[str, int]], labels) -> Union[int, float]:
+    """The id of the example's label (its float target for regression; 0 when unlabeled)."""
+    if example.label is None:
+        return 0.0 if label_to_id is None else 0
+    if label_to_id is None:
+        return float(example.label)
+    if example.label not in label_to_id:
+        raise TaskDataError(f"example {example.guid}: unknown label {example.label!r} "
+                            f"(expected one of {', '.join(labels)})")
+    return label_to_id[example.label]
+
+
+def _tokenize_examples(examples: Sequence[InputExample], tokenizer):
+    """(word pieces of every text_a, {example position: word pieces of its text_b})."""
+    pieces_a = tokenize_all(tokenizer, [e.text_a for e in examples])
+    with_b = [i for i, e in enumerate(examples) if e.text_b is not None]
+    pieces_b = dict(zip(with_b, tokenize_all(tokenizer, [examples[i].text_b for i in with_b]), strict=True))
+    return pieces_a, pieces_b
+
+
+def _features(input_ids, segment_ids, label_id, max_seq_length: int, pad_to_max_length: bool) -> InputFeatures:
+    input_mask = [1] * len(input_ids)
+    if pad_to_max_length:
+        pad = max_seq_length - len(input_ids)
+        input_ids, input_mask, segment_ids = input_ids + [0] * pad, input_mask + [0] * pad, segment_ids + [0] * pad
+    return InputFeatures(list(input_ids), input_mask, list(segment_ids), label_id)
+
+
 def convert_examples_to_features(
     examples: Sequence[InputExample],
     labels: Optional[Sequence[str]],
@@ -444,27 +473,60 @@ def convert_examples_to_features(
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
     label_to_id = {label: i for i, label in enumerate(labels)} if labels is not None else None
-    pieces_a = tokenize_all(tokenizer, [e.text_a for e in examples])
-    with_b = [i for i, e in enumerate(examples) if e.text_b is not None]
-    pieces_b = dict(zip(with_b, tokenize_all(tokenizer, [examples[i].text_b for i in with_b]), strict=True))
+    pieces_a, pieces_b = _tokenize_examples(examples, tokenizer)
     features = []
     for i, example in enumerate(examples):
         input_ids, segment_ids = pair_to_ids(tokenizer, pieces_a[i], pieces_b.get(i), max_seq_length)
-        input_mask = [1] * len(input_ids)
-        if pad_to_max_length:
-            pad = max_seq_length - len(input_ids)
-            input_ids, input_mask, segment_ids = input_ids + [0] * pad, input_mask + [0] * pad, segment_ids + [0] * pad
-        if example.label is None:
-            label_id = 0.0 if label_to_id is None else 0
-        elif label_to_id is None:
-            label_id = float(example.label)
-        else:
-            if example.label not in label_to_id:
-                raise TaskDataError(f"example {example.guid}: unknown label {example.label!r} "
-                                    f"(expected one of {', '.join(labels)})")
-            label_id = label_to_id[example.label]
-        features.append(InputFeatures(list(input_ids), input_mask, list(segment_ids), label_id))
+        features.append(_features(input_ids, segment_ids, _label_id(example, label_to_id, labels), max_seq_length,
+                                  pad_to_max_length))
     return features
+
+
+def convert_examples_to_windows(
+    examples: Sequence[InputExample],
+    labels: Optional[Sequence[str]],
+    max_seq_length: int,
+    tokenizer,
+    doc_stride: int,
+    pad_to_max_length: bool = False,
+) -> Tuple[List[InputFeatures], List[int]]:
+    """Examples -> every window of every example, instead of one truncated feature each.
+
+    A single text longer than `max_seq_length - 2` pieces becomes windows `[CLS] piece-span [SEP]`
+    starting `doc_stride` pieces apart (bert_tf.tasks.windows.doc_spans_for, as SQuAD's context);
+    in a pair, the windows run over text_b and every window holds the whole text_a, as SQuAD's
+    question: `[CLS] A [SEP] B-span [SEP]`. An example that fits is one window, the same feature
+    convert_examples_to_features makes. Every window carries its example's label.
+    Returns (features in example order, the example index of each feature). A text_a that
+    leaves no room for text_b is a TaskDataError.
+    """
+    from bert_tf.tasks.windows import doc_spans_for
+
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
+    if doc_stride < 1:
+        raise ValueError(f"doc_stride must be positive, got {doc_stride}")
+    label_to_id = {label: i for i, label in enumerate(labels)} if labels is not None else None
+    pieces_a, pieces_b = _tokenize_examples(examples, tokenizer)
+    features, window_example = [], []
+    for i, example in enumerate(examples):
+        label_id = _label_id(example, label_to_id, labels)
+        if i in pieces_b:
+            fixed, windowed, room = pieces_a[i], pieces_b[i], max_seq_length - len(pieces_a[i]) - 3
+            if room < 1:
+                raise TaskDataError(
+                    f"example {example.guid}: text_a has {len(fixed)} word pieces, which leaves no room for text_b "
+                    f"in max_seq_length {max_seq_length} (windows run over text_b and repeat text_a whole): put "
+                    "the long text in text_b or raise --max_seq_length")
+        else:
+            fixed, windowed, room = None, pieces_a[i], max_seq_length - 2
+        for start, length in doc_spans_for(len(windowed), room, doc_stride) or [(0, 0)]:
+            span = windowed[start:start + length]
+            a, b = (span, None) if fixed is None else (list(fixed), span)
+            input_ids, segment_ids = pair_to_ids(tokenizer, a, b, max_seq_length)
+            features.append(_features(input_ids, segment_ids, label_id, max_seq_length, pad_to_max_length))
+            window_example.append(i)
+    return features, window_example
 
 
 def padding_features(count: int, max_seq_length: int, regression: bool = False) -> List[InputFeatures]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from bert_tf.tasks import TaskDataError, read_text
 from bert_tf.tasks.glue import tokenize_all, tokens_to_ids
+from bert_tf.tasks.windows import MAX_CONTEXT_LENGTH_WEIGHT, check_is_max_context, doc_spans_for  # noqa: F401
 
 # The original's defaults (run_squad.py flags).
 DEFAULT_MAX_SEQ_LENGTH = 384
@@ -42,8 +43,6 @@ DEFAULT_MAX_QUERY_LENGTH = 64
 DEFAULT_N_BEST_SIZE = 20
 DEFAULT_MAX_ANSWER_LENGTH = 30
 DEFAULT_NULL_SCORE_DIFF_THRESHOLD = 0.0
-# Weight of the span length in the max-context score: breaks ties between spans in favour of longer ones.
-MAX_CONTEXT_LENGTH_WEIGHT = 0.01
 # The first feature's unique_id (the original's, so ids in logs and files look the same).
 FIRST_UNIQUE_ID = 1000000000
 # null_odds.json value of a v2.0 question without any non-null candidate (the original crashed there):
@@ -211,33 +210,6 @@ def _improve_answer_span(doc_tokens, input_start, input_end, tokenizer, orig_ans
             if " ".join(doc_tokens[new_start: new_end + 1]) == tok_answer_text:
                 return new_start, new_end
     return input_start, input_end
-
-
-def check_is_max_context(doc_spans, cur_span_index: int, position: int) -> bool:
-    """Whether span `cur_span_index` gives piece `position` its most context: the score is
-    min(left, right) + 0.01 * span length; the first span wins ties."""
-    best_score, best_span_index = None, None
-    for span_index, (start, length) in enumerate(doc_spans):
-        end = start + length - 1
-        if position < start or position > end:
-            continue
-        score = min(position - start, end - position) + MAX_CONTEXT_LENGTH_WEIGHT * length
-        if best_score is None or score > best_score:
-            best_score, best_span_index = score, span_index
-    return cur_span_index == best_span_index
-
-
-def doc_spans_for(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> List[tuple]:
-    """(start, length) windows over `num_tokens` pieces: at most `max_tokens_for_doc` long, each
-    starting `doc_stride` after the previous, the last one reaching the end."""
-    spans, start = [], 0
-    while start < num_tokens:
-        length = min(num_tokens - start, max_tokens_for_doc)
-        spans.append((start, length))
-        if start + length == num_tokens:
-            break
-        start += min(length, doc_stride)
-    return spans
 
 
 def convert_examples_to_features(

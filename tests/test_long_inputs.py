@@ -1,0 +1,300 @@
+"""Inputs longer than max_seq_length (--long_inputs=windows): the windows, their aggregation into one output per
+input, the same outputs as truncation where an input fits, and a task only windows can learn."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import TINY_VOCAB, float32_tolerance
+
+from bert_tf.tasks import TaskDataError, glue
+from bert_tf.tasks.windows import aggregate_windows, doc_spans_for, window_weights
+from bert_tf.tokenization import FullTokenizer
+
+TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0)
+SEQ = 16  # max_seq_length of these tests: 14 pieces of a single text per window
+FILLER = ["the", "a", "dog", "sat", "on", "mat", "how", "are", "you", "hello", "low", "."]  # one piece each
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_model")
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
+    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return FullTokenizer(str(tiny_model / "vocab.txt"), do_lower_case=True)
+
+
+def _settings(tiny_model, learning_rate=1e-3):
+    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.runners.common import RunSettings
+    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.strategy import get_strategy
+
+    pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))
+    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
+                       train=TrainSettings(learning_rate=learning_rate, iterations_per_loop=50,
+                                           save_checkpoints_steps=1000))
+
+
+def _write_split(path, rows, with_label=True):
+    header = "id\ttext\tlabel" if with_label else "id\ttext"
+    lines = [header] + [f"{i}\t{text}\t{label}" if with_label else f"{i}\t{text}" for i, (text, label) in
+                        enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _run(tiny_model, data_dir, out, learning_rate=1e-3, **kw):
+    from bert_tf.runners.classifier import ClassifierRunConfig, run
+
+    task = glue.user_task("text", "label", labels=["no", "yes"], index="id")
+    cfg = ClassifierRunConfig(task=task, data_dir=str(data_dir), output_dir=str(out),
+                              run=_settings(tiny_model, learning_rate),
+                              max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, predict_batch_size=8,
+                              **kw)
+    return run(cfg)
+
+
+# ------------------------------------------------------------------ featurization
+def test_a_text_that_fits_is_one_window_equal_to_the_truncated_feature(tokenizer):
+    examples = [glue.InputExample("s", "the cat sat on the mat .", label="yes"),
+                glue.InputExample("p", "how are you ?", "hello , the dog sat .", label="no")]
+    truncated = glue.convert_examples_to_features(examples, ["no", "yes"], SEQ, tokenizer)
+    windows, window_example = glue.convert_examples_to_windows(examples, ["no", "yes"], SEQ, tokenizer, doc_stride=4)
+    assert windows == truncated and window_example == [0, 1]
+
+
+def test_long_text_and_pair_windows(tokenizer):
+    rng = np.random.default_rng(0)
+    words = list(rng.choice(FILLER, size=3 * (SEQ - 2)))  # three windows' worth of single-piece words
+    ids = tokenizer.convert_tokens_to_ids(words)
+    cls, sep = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    features, window_example = glue.convert_examples_to_windows(
+        [glue.InputExample("a", " ".join(words), label="yes")], ["no", "yes"], SEQ, tokenizer, doc_stride=10)
+    spans = doc_spans_for(len(words), SEQ - 2, 10)
+    assert spans == [(0, 14), (10, 14), (20, 14), (30, 12)] and window_example == [0, 0, 0, 0]
+    for feature, (start, length) in zip(features, spans, strict=True):
+        assert feature.input_ids == [cls] + ids[start:start + length] + [sep]
+        assert feature.segment_ids == [0] * (length + 2) and feature.label_id == 1
+    # A pair: the windows run over text_b, text_a whole in each ([CLS] A [SEP] B-span [SEP]).
+    question = ["how", "are", "you", "?"]
+    q_ids = tokenizer.convert_tokens_to_ids(question)
+    features, window_example = glue.convert_examples_to_windows(
+        [glue.InputExample("p", " ".join(question), " ".join(words), label="no")], ["no", "yes"], SEQ, tokenizer,
+        doc_stride=5)
+    room = SEQ - len(question) - 3
+    spans = doc_spans_for(len(words), room, 5)
+    assert len(features) == len(spans) == 8 and window_example == [0] * 8
+    for feature, (start, length) in zip(features, spans, strict=True):
+        assert feature.input_ids == [cls] + q_ids + [sep] + ids[start:start + length] + [sep]
+        assert feature.segment_ids == [0] * (len(question) + 2) + [1] * (length + 1)
+    with pytest.raises(TaskDataError, match=r"^example p: text_a has 14 word pieces, which leaves no room for "
+                                            r"text_b in max_seq_length 16 .*put the long text in text_b"):
+        glue.convert_examples_to_windows([glue.InputExample("p", " ".join(words[:14]), "the cat", label="no")],
+                                         ["no", "yes"], SEQ, tokenizer, doc_stride=5)
+
+
+def test_aggregations_and_weights():
+    logits = np.array([[1.0, -1.0], [3.0, 0.0], [-2.0, 5.0], [0.5, 0.25]], np.float32)
+    window_example = [0, 0, 0, 1]
+    np.testing.assert_allclose(aggregate_windows(logits, window_example, 2, "mean"), [[2 / 3, 4 / 3], [0.5, 0.25]])
+    np.testing.assert_array_equal(aggregate_windows(logits, window_example, 2, "max"), [[3.0, 5.0], [0.5, 0.25]])
+    np.testing.assert_array_equal(aggregate_windows(logits, window_example, 2, "first"), [[1.0, -1.0], [0.5, 0.25]])
+    np.testing.assert_allclose(window_weights(window_example), [1 / 3, 1 / 3, 1 / 3, 1.0])
+    with pytest.raises(ValueError, match="every one of the 3 inputs needs at least one window"):
+        aggregate_windows(logits, window_example, 3, "mean")
+
+
+# ------------------------------------------------------------------ runs
+MARKER = ["want", "cat", "!"]  # the sentence "want cat !": none of its pieces is a filler word
+
+
+def _doc(rng, pieces, marker_at=None):
+    """`pieces` random filler words; MARKER in place of the words from `marker_at` on (clipped to the end)."""
+    words = list(rng.choice(FILLER, size=pieces))
+    if marker_at is not None:
+        marker_at = min(marker_at, pieces - len(MARKER))
+        words[marker_at:marker_at + len(MARKER)] = MARKER
+    return " ".join(words)
+
+
+ROOM = SEQ - 2  # pieces of a single text per window
+
+
+def _long_task_split(rng, n):
+    """n balanced documents of three windows; "yes" ones hold MARKER somewhere after their first window."""
+    labels = rng.permutation([i % 2 for i in range(n)])
+    return [(_doc(rng, 3 * ROOM, int(rng.integers(ROOM, 3 * ROOM)) if y else None), "yes" if y else "no")
+            for y in labels]
+
+
+@pytest.fixture(scope="module")
+def windows_model(tiny_model, tmp_path_factory):
+    """A classifier trained with --long_inputs=windows (max aggregation) on the long-document task:
+    (data dir, model dir, dev accuracy)."""
+    rng = np.random.default_rng(7)
+    data = tmp_path_factory.mktemp("long_task")
+    _write_split(data / "train.tsv", _long_task_split(rng, 256))
+    _write_split(data / "dev.tsv", _long_task_split(rng, 64))
+    out = tmp_path_factory.mktemp("windows_model") / "out"
+    results = _run(tiny_model, data, out, do_train=True, do_eval=True, num_train_epochs=20, long_inputs="windows",
+                   doc_stride=ROOM, window_aggregation="max")
+    return data, out, results["dev"]["eval_accuracy"]
+
+
+def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,
+                                                                                   tmp_path):
+    """The falsifiable check: a document of three windows is "yes" when it holds the sentence "want cat !",
+    always after its first window (at a random position in its second or third). Truncated, the model never
+    sees the evidence and stays at chance; with windows (training on every window, the max of their logits per
+    document) it learns the task; the same model read through its first window only is at chance again.
+    Measured: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first window 0.47-0.56 over
+    data seeds 1-4 and 7."""
+    data, out, windows_accuracy = windows_model
+    accuracy = {"windows": windows_accuracy}
+    results = _run(tiny_model, data, tmp_path / "truncate", do_train=True, do_eval=True, num_train_epochs=20)
+    accuracy["truncate"] = results["dev"]["eval_accuracy"]
+    results = _run(tiny_model, data, out, do_eval=True, long_inputs="windows", doc_stride=ROOM,
+                   window_aggregation="first")
+    accuracy["windows, first window only"] = results["dev"]["eval_accuracy"]
+    print("dev accuracy", accuracy)
+    # 64 balanced documents: chance is 0.5 with a standard deviation of 0.0625.
+    assert accuracy["truncate"] <= 0.65 and accuracy["windows, first window only"] <= 0.65, accuracy
+    assert accuracy["windows"] >= 0.8, accuracy
+
+
+def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unchanged(
+        tiny_model, tokenizer, windows_model, tmp_path):
+    """The trained windows model evaluates and predicts truncated and with windows. The dev documents all fit:
+    eval_results.txt is byte-identical. A test document of 3x max_seq_length gets the aggregation of its
+    windows' logits, computed here from the model one window at a time; the test documents that fit get the
+    truncated run's outputs (up to float32 rounding: they share batches with other rows); one row per input in
+    every file."""
+    from bert_tf import model_dir
+    from bert_tf.runners.common import softmax
+
+    rng = np.random.default_rng(1)
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_split(data / "dev.tsv", [(_doc(rng, 5 + i, 2 if i % 3 else None), "yes" if i % 3 else "no")
+                                    for i in range(9)])
+    long_doc = _doc(rng, 3 * SEQ, marker_at=40)
+    _write_split(data / "test.tsv", [(_doc(rng, 6), ""), (long_doc, ""), (_doc(rng, 10, 2), "")], with_label=False)
+    out = windows_model[1]
+    _run(tiny_model, data, out, do_eval=True, do_predict=True)
+    truncated = {name: (out / name).read_text() for name in ("eval_results.txt", "test_results.tsv")}
+
+    model = model_dir.restore(str(out))
+    pieces = tokenizer.tokenize(long_doc)
+    assert len(pieces) == 3 * SEQ
+    spans = doc_spans_for(len(pieces), SEQ - 2, 6)
+    assert len(spans) == 7
+    window_logits = []
+    for start, length in spans:
+        ids = tokenizer.convert_tokens_to_ids(["[CLS]"] + pieces[start:start + length] + ["[SEP]"])
+        batch = {"input_ids": np.array([ids], np.int32), "input_mask": np.ones((1, len(ids)), np.int32),
+                 "segment_ids": np.zeros((1, len(ids)), np.int32)}
+        window_logits.append(np.asarray(model(batch, training=False))[0])
+    window_logits = np.array(window_logits, np.float64)
+    tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
+
+    for aggregation in ("mean", "max", "first"):
+        _run(tiny_model, data, out, do_eval=True, do_predict=True, long_inputs="windows", doc_stride=6,
+             window_aggregation=aggregation)
+        assert (out / "eval_results.txt").read_text() == truncated["eval_results.txt"]
+        rows = [np.array(line.split("\t"), float) for line in (out / "test_results.tsv").read_text().splitlines()]
+        before = [np.array(line.split("\t"), float) for line in truncated["test_results.tsv"].splitlines()]
+        assert len(rows) == len(before) == 3
+        assert len((out / "user.tsv").read_text().splitlines()) == 4  # header + one row per input
+        np.testing.assert_allclose(rows[0], before[0], atol=tolerance)
+        np.testing.assert_allclose(rows[2], before[2], atol=tolerance)
+        expected = {"mean": window_logits.mean(0), "max": window_logits.max(0), "first": window_logits[0]}
+        np.testing.assert_allclose(rows[1], softmax(expected[aggregation]), atol=tolerance)
+        if aggregation != "first":  # the later windows count, by more than the tolerance
+            assert np.abs(softmax(expected[aggregation]) - softmax(window_logits[0])).max() > 10 * tolerance
+        info = json.loads((out / "bert_tf_info.json").read_text())
+        assert (info["long_inputs"], info["doc_stride"], info["window_aggregation"]) == ("windows", 6, aggregation)
+
+
+def test_windows_pack_like_any_examples(tokenizer):
+    """--pack_sequences with windows: the windows are examples to pack_examples, each with its weight in its slot,
+    and the packed outputs come back one per window in order, ready to aggregate."""
+    from bert_tf.data.packing import pack_examples
+
+    rng = np.random.default_rng(3)
+    examples = [glue.InputExample(str(i), _doc(rng, int(n)), label="no") for i, n in enumerate([5, 40, 3, 20, 9])]
+    features, window_example = glue.convert_examples_to_windows(examples, ["no", "yes"], SEQ, tokenizer, 7)
+    arrays = glue.features_to_arrays(features, SEQ)
+    arrays["example_weights"] = window_weights(window_example)
+    packed = pack_examples(arrays, max_sequences_per_row=4)
+    assert packed.num_rows < len(features)  # short windows share rows
+    np.testing.assert_array_equal(packed.arrays["example_weights"][packed.row, packed.slot], arrays["example_weights"])
+    assert packed.arrays["example_weights"].sum() == pytest.approx(len(examples))  # every input weighs 1
+    per_slot = np.arange(packed.num_rows * 4, dtype=np.float32).reshape(packed.num_rows, 4, 1)
+    outputs = packed.unpack(per_slot)
+    np.testing.assert_array_equal(aggregate_windows(outputs, window_example, 5, "first")[:, 0],
+                                  outputs[np.searchsorted(window_example, np.arange(5)), 0])
+
+
+def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, windows_model, tmp_path):
+    """A model directory trained with windows exports a SavedModel whose text signatures cut long texts into the
+    same windows and aggregate them as the runner does: its probabilities equal test_results.tsv (float32
+    rounding) for texts shorter than a window, of 3x max_seq_length and in between; the metadata records it."""
+    import tensorflow as tf
+
+    from bert_tf.export import export_model_dir
+
+    rng = np.random.default_rng(5)
+    data = tmp_path / "data"
+    data.mkdir()
+    texts = [_doc(rng, 6), _doc(rng, 3 * SEQ, marker_at=30), _doc(rng, 20), _doc(rng, 3 * SEQ), _doc(rng, 14)]
+    _write_split(data / "test.tsv", [(text, "") for text in texts], with_label=False)
+    out = windows_model[1]
+    tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
+    for aggregation in ("mean", "max"):
+        _run(tiny_model, data, out, do_predict=True, long_inputs="windows", doc_stride=5,
+             window_aggregation=aggregation)
+        expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
+        export = export_model_dir(str(out), str(tmp_path / f"export_{aggregation}"))
+        metadata = json.loads((tmp_path / f"export_{aggregation}" / "assets" / "bert_tf_export.json").read_text())
+        assert (metadata["long_inputs"], metadata["doc_stride"], metadata["window_aggregation"]) == \
+            ("windows", 5, aggregation)
+        loaded = tf.saved_model.load(export)
+        single = loaded.signatures["serve_text"](text=tf.constant(texts))["probabilities"].numpy()
+        default = loaded.signatures["serving_default"](text_a=tf.constant(texts),
+                                                       text_b=tf.constant([""] * len(texts)))["probabilities"]
+        np.testing.assert_allclose(single, expected, atol=tolerance)
+        np.testing.assert_allclose(default.numpy(), expected, atol=tolerance)
+        if aggregation == "max":  # the marker past the first window is found: the windows were read
+            assert single[1].argmax() == 1 and single[3].argmax() == 0, single
+
+
+def test_serving_windows_are_the_runner_windows(tokenizer, tiny_model):
+    """The graph's windows (bert_tf.serving.windows.window_inputs) hold the ids, mask and segments of the runner's
+    (glue.convert_examples_to_windows) for single texts and pairs, short and long, in the same order."""
+    import tensorflow as tf
+
+    from bert_tf.serving.tokenizer import InGraphTokenizer
+    from bert_tf.serving.windows import window_inputs
+
+    rng = np.random.default_rng(2)
+    examples = [glue.InputExample("0", _doc(rng, 40)), glue.InputExample("1", _doc(rng, 5)),
+                glue.InputExample("2", "how are you ?", _doc(rng, 30)), glue.InputExample("3", "hello", "a cat"),
+                glue.InputExample("4", _doc(rng, 15))]
+    features, window_example = glue.convert_examples_to_windows(examples, None, SEQ, tokenizer, doc_stride=5)
+    arrays = glue.features_to_arrays(features, SEQ)
+    graph_tokenizer = InGraphTokenizer(str(tiny_model / "vocab.txt"), do_lower_case=True)
+    ids = graph_tokenizer.tokenize(tf.constant([e.text_a for e in examples] + [e.text_b or "" for e in examples]))
+    hub, example, count = window_inputs(ids[:5], ids[5:], SEQ, 5, graph_tokenizer.lookup("[CLS]"),
+                                        graph_tokenizer.lookup("[SEP]"))
+    np.testing.assert_array_equal(example.numpy(), window_example)
+    np.testing.assert_array_equal(count.numpy(), np.bincount(window_example))
+    np.testing.assert_array_equal(hub["input_word_ids"].numpy(), arrays["input_ids"])
+    np.testing.assert_array_equal(hub["input_mask"].numpy(), arrays["input_mask"])
+    np.testing.assert_array_equal(hub["input_type_ids"].numpy(), arrays["segment_ids"])
