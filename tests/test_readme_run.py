@@ -159,6 +159,7 @@ def check_phase1(w, out, values):
 
 def check_phase2(w, out, values):
     assert re.search(r"resumed from \S*ckpt-4 at step 4", out), out[-3000:]
+    assert re.search(r"input_ids \[4, 32\] -> \[4, 64\].*the input starts", out), out[-3000:]  # phase 2's records
     steps = _ckpt_steps(w / "model")
     assert steps[-1] == 6, steps
     assert _json(w / "model" / "bert_tf_info.json")["max_seq_length"] == 64
