@@ -95,7 +95,7 @@ SLOW_MODULES = {
     "test_run_ner.py", "test_run_pretraining.py", "test_reliability.py", "test_resume.py", "test_console.py", "test_predict.py",
     "test_memory.py", "test_env.py", "test_hf_fidelity.py", "test_export.py", "test_export_int8.py",
     "test_convert_checkpoint.py", "test_bench_pretraining.py", "test_continued_pretraining.py",
-    "test_hub.py", "test_beam.py",
+    "test_hub.py", "test_beam.py", "test_readme_run.py",
 }
 SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_kjv_records_pack_to_at_least_97_percent",
               "test_real_text_matches_original", "test_kjv_vocab_coverage",
