@@ -44,7 +44,8 @@ SUBSTITUTIONS = [
     (r"--max_seq_length=(384|512)\b", "--max_seq_length=64", "short sequences (still longer than 32: phase 2)"),
     (r"--max_predictions_per_seq=20\b", "--max_predictions_per_seq=5", "fits seq 32"),
     (r"--max_predictions_per_seq=77\b", "--max_predictions_per_seq=10", "fits seq 64"),
-    (r"--doc_stride=128\b", "--doc_stride=32", "fits seq 64"),
+    (r"--doc_stride=(128|256)\b", "--doc_stride=32", "fits seq 64"),
+    (r"--num_output_shards=16\b", "--num_output_shards=2", "two shards of a small corpus"),
     (r"--train_batch_size=\d+", "--train_batch_size=4", "small batches"),
     (r"--num_train_steps=900000\b", "--num_train_steps=4", "phase 1: 4 steps"),
     (r"--num_train_steps=1000000\b", "--num_train_steps=6", "phase 2: 2 more steps"),
@@ -72,6 +73,8 @@ SKIPPED_COMMANDS = [
     ("Export and serving", r"^docker run ", "needs docker and the TF Serving image"),
     ("Export and serving", r"^curl ", "needs the TF Serving container above"),
     ("Use with TF-Hub", r"^pip install tensorflow-hub", "the test extra installs these; the snippet below imports them"),
+    ("Beyond one machine (Apache Beam)", r"--runner=DataflowRunner", "needs Google Cloud Dataflow, a project and "
+     "gs:// buckets; the same pipelines run on the local runner above and in tests/test_beam.py"),
 ]
 
 
@@ -245,11 +248,25 @@ def check_swag(w, out, values):
     assert len(rows) > 1, rows
 
 
-def check_ner(w, out, values):
-    out_dir = w / "tmp" / "ner"
-    results = _results(out_dir / "eval_results.txt")
-    assert {"precision", "recall", "f1"} <= {k.split("_")[-1] for k in results}, results
-    assert (out_dir / "test_predictions.txt").stat().st_size > 0
+def check_ner(folder):
+    def check(w, out, values):
+        out_dir = w / "tmp" / folder
+        results = _results(out_dir / "eval_results.txt")
+        assert {"precision", "recall", "f1"} <= {k.split("_")[-1] for k in results}, results
+        assert (out_dir / "test_predictions.txt").stat().st_size > 0
+    return check
+
+
+def check_windows(w, out, values):
+    check_classifier("docs")(w, out, values)
+    info = _json(w / "tmp" / "docs" / "bert_tf_info.json")
+    assert (info["long_inputs"], info["window_aggregation"], info["doc_stride"]) == ("windows", "mean", 32), info
+
+
+def check_beam_records(w, out, values):
+    shards = sorted((w / "data").glob("train.tfrecord-*-of-00002"))
+    assert len(shards) == 2 and all(f.stat().st_size > 0 for f in shards), list((w / "data").iterdir())
+    assert "Traceback" not in out and "ERROR" not in out, out[-3000:]
 
 
 def check_export(folder):
@@ -309,13 +326,15 @@ RUN_STEPS = [
     Step("Continued pretraining and domain vocabulary", r"^python create_pretraining_data\.py", check_kjv_records),
     Step("Continued pretraining and domain vocabulary", r"^python run_pretraining\.py", check_continued),
     Step("Fine-tuning", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
-    Step("Fine-tuning", r"^python run_classifier\.py --task_name=user", check_classifier("mine")),
+    Step("Fine-tuning", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
+    Step("Fine-tuning", r"^python run_classifier\.py .*--long_inputs=windows", check_windows),
     Step("Fine-tuning", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
     Step("Fine-tuning", r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
     Step("Fine-tuning", r"^python evaluate_squad\.py", check_evaluate_squad),
     Step("Fine-tuning", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
     Step("Fine-tuning", r"^python run_swag\.py", check_swag),
-    Step("Fine-tuning", r"^python run_ner\.py", check_ner),
+    Step("Fine-tuning", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
+    Step("Fine-tuning", r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided")),
     Step("Export and serving", r"^python export_savedmodel\.py --model_dir=/tmp/mrpc --export_dir=export/mrpc$",
          check_export("export/mrpc")),
     Step("Export and serving", r"^python export_savedmodel\.py .*--export_dir=export/encoder",
@@ -337,6 +356,7 @@ RUN_STEPS = [
          check_converted("export/bert_model.ckpt", "vocab.txt")),
     Step("Checkpoints: original, Hugging Face, ours", r"--output_format=hf", check_hf_folder),
     Step("Feature extraction", r"^python extract_features\.py", check_features),
+    Step("Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
 ]
 
 
@@ -430,6 +450,13 @@ def make_user_files(w: pathlib.Path, minilm: pathlib.Path) -> None:
     for split, part in (("train", rows[:16]), ("dev", rows[16:24]), ("test", rows[24:28])):
         (w / "my_data" / f"{split}.tsv").write_text("review\tstars\n" + "".join(
             f"{r[1]}\t{5 if r[2] == 'new' else 1}\n" for r in part), encoding="utf-8")
+
+    # Documents longer than one window (run_classifier --long_inputs=windows): a body column, labels.
+    (w / "my_docs").mkdir()
+    for split, start in (("train", 0), ("dev", 16)):
+        (w / "my_docs" / f"{split}.tsv").write_text("body\tlabel\n" + "".join(
+            " ".join(r[1] for r in rows[i:i + 6]) + f"\t{rows[i][2]}\n" for i in range(start, start + 16, 2)),
+            encoding="utf-8")
 
     squad_v2 = _json(TESTDATA / "squad_tiny_v2.json")
     for name in ("train-v2.0.json", "dev-v2.0.json"):
