@@ -248,12 +248,13 @@ def check_swag(w, out, values):
     assert len(rows) > 1, rows
 
 
-def check_ner(folder):
+def check_ner(folder, predict=True):
     def check(w, out, values):
         out_dir = w / "tmp" / folder
         results = _results(out_dir / "eval_results.txt")
         assert {"precision", "recall", "f1"} <= {k.split("_")[-1] for k in results}, results
-        assert (out_dir / "test_predictions.txt").stat().st_size > 0
+        if predict:
+            assert (out_dir / "test_predictions.txt").stat().st_size > 0
     return check
 
 
@@ -334,7 +335,7 @@ RUN_STEPS = [
     Step("Fine-tuning", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
     Step("Fine-tuning", r"^python run_swag\.py", check_swag),
     Step("Fine-tuning", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
-    Step("Fine-tuning", r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided")),
+    Step("Fine-tuning", r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided", predict=False)),
     Step("Export and serving", r"^python export_savedmodel\.py --model_dir=/tmp/mrpc --export_dir=export/mrpc$",
          check_export("export/mrpc")),
     Step("Export and serving", r"^python export_savedmodel\.py .*--export_dir=export/encoder",
