@@ -227,8 +227,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("predict_batch_size", eval_batch_size, "Total batch size for predict.")
     flags.DEFINE_float("num_train_epochs", num_train_epochs, "Total number of training epochs to perform.")
     flags.DEFINE_float("warmup_proportion", 0.1, "Proportion of training for linear learning rate warmup.")
-    flags.DEFINE_integer("eval_every_steps", 0, "Evaluate on dev every N steps during training and keep the "
-                         "best model in <output_dir>/best (0: only at the end).")
+    flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every N steps during training and keep the "
+                         "best model in <output_dir>/best. Default with --do_train --do_eval: at the end of each "
+                         "epoch; 0: only at the end.")
     flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
