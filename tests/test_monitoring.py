@@ -32,3 +32,85 @@ def test_eval_interval_defaults_to_each_epoch_with_do_eval(kwargs, expected):
 def test_eval_tags_are_the_training_tags():
     assert [common.summary_tag(k) for k in ("eval_accuracy", "eval_loss", "eval_f1", "f1", "exact", "loss")] == \
         ["accuracy", "loss", "f1", "f1", "exact", "loss"]
+
+
+def _events(folder):
+    """{tag: {step: value}} of the scalar summaries in an event folder."""
+    import os
+
+    import tensorflow as tf
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith("events.out"):
+            continue
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "scalars":
+                    out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def _masked_trainer(model_dir, delay, **settings):
+    """A toy Trainer whose batches hold an input_mask with 3 of every 8 positions real; each batch
+    takes `delay` seconds to make (a slow input pipeline)."""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_tf.training import loop
+    from bert_tf.training import optimizer as opt
+    from bert_tf.training import strategy as strategy_lib
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+    mask = np.zeros((64, 8), np.int32)
+    mask[:, :3] = 1
+
+    def slow(batch):
+        def sleep(t):
+            time.sleep(delay)
+            return t
+
+        batch["x"] = tf.py_function(sleep, [batch["x"]], tf.float32)
+        batch["x"].set_shape([None, 8])
+        return batch
+
+    def dataset_fn(ctx, batch_size):
+        ds = tf.data.Dataset.from_tensor_slices({"x": x, "input_mask": mask}).repeat().batch(batch_size)
+        return ds.map(slow) if delay else ds
+
+    def model_fn():
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+    def loss_fn(model, batch, training):
+        masked = batch["x"] * tf.cast(batch["input_mask"], tf.float32)
+        return tf.reduce_mean(tf.square(model(masked, training=training))), {}
+
+    trainer = loop.Trainer(strategy_lib.get_strategy("one_device"),
+                           loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=4, **settings),
+                           model_fn, loss_fn, lambda v: opt.create_optimizer("adamw", v, 0.01, 4, 0),
+                           model_dir=str(model_dir), train_steps=4, global_batch_size=4,
+                           checkpoint_input_pipeline=False)  # (a py_function cannot be saved)
+    return trainer, dataset_fn
+
+
+def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
+    """A pipeline that takes 0.2 s per batch: the loop's wait for input is that, the rest computing;
+    3 of 8 positions real; examples/s per replica = examples/s on one device."""
+    trainer, dataset_fn = _masked_trainer(tmp_path / "slow", delay=0.2)
+    trainer.train(dataset_fn)
+    events = _events(str(tmp_path / "slow" / "train"))
+    assert set(events["speed/seconds_per_step"]) == {2, 4}  # one point per logged loop
+    assert events["input/real_tokens_per_position"] == {2: 3 / 8, 4: 3 / 8}
+    assert events["speed/examples_per_second_per_replica"] == events["examples_per_second"]
+    step4 = {tag: values[4] for tag, values in events.items()}  # the second loop: no tracing in it
+    assert step4["speed/input_wait_seconds_per_step"] >= 0.19
+    assert step4["speed/input_wait_fraction"] > 0.5
+    assert step4["speed/input_wait_seconds_per_step"] + step4["speed/compute_seconds_per_step"] == \
+        pytest.approx(step4["speed/seconds_per_step"], rel=1e-5)
+    # The same run without the delay mostly computes.
+    fast, fast_fn = _masked_trainer(tmp_path / "fast", delay=0)
+    fast.train(fast_fn)
+    assert _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4] < 0.05

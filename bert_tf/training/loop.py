@@ -22,7 +22,9 @@ What the loop does with them (docs/design.md, "Decisions"):
     input pipeline position, so a resumed run continues exactly. SIGTERM saves
     one and exits; a non-finite loss stops without saving.
   * TensorBoard summaries under model_dir/train and model_dir/eval; one log
-    line per loop with step, loss, examples/s and ETA.
+    line per loop with step, loss, examples/s and ETA. Per loop also the speed
+    (seconds per step, split into waiting for input and the rest), examples/s per
+    replica and the batches' real tokens per position (input_mask / sequence_ids).
 
 A metric given as `(value, weight)` is averaged with those weights over all
 batches (e.g. MLM accuracy weighted by the number of real predictions, as the
@@ -337,25 +339,53 @@ class Trainer:
         return _metric_terms(metrics)
 
     # ------------------------------------------------------------------ host-side loop functions
-    def _make_train_loop(self):
+    def _make_train_loop(self, mask_key: Optional[str]):
+        """The host call of `num_steps` steps: (losses, metric sums, mean gradient norm, health), where
+        health = {input_wait_seconds: time the loop was blocked in the input iterator's get_next,
+        summed over the steps; real_tokens, positions: nonzero entries of the batches' `mask_key`
+        feature (input_mask, or packed rows' sequence_ids) and all its entries}.
+
+        The wait is measured in the graph with tf.timestamp: each step's clock starts once the
+        previous step's outputs exist, and stops when the next batch is there. It is host time: on a
+        GPU/TPU, whose kernels run asynchronously, a step's device work may still run while the next
+        get_next waits, so there the wait is that of the host (as in tf.data's own accounting)."""
         strategy = self.strategy
         names = self._metric_names
+
+        def count_tokens(batch):
+            mask = tf.cast(tf.not_equal(batch[mask_key], 0), tf.float32)
+            return tf.reduce_sum(mask), tf.cast(tf.size(mask), tf.float32)
 
         @tf.function
         def train_loop(iterator, num_steps):
             losses = tf.TensorArray(tf.float32, size=num_steps)
             sums = {n: (tf.constant(0.0), tf.constant(0.0)) for n in names}
             norm_sum = tf.constant(0.0)
+            wait, real, positions = tf.constant(0.0, tf.float64), tf.constant(0.0), tf.constant(0.0)
+            done = tf.constant(0.0)  # a value of the previous step: the next step's clock starts after it
             for i in tf.range(num_steps):
-                loss, terms, norm = strategy.run(self._replica_step, args=(next(iterator),))
+                with tf.control_dependencies([done]):
+                    asked = tf.timestamp()
+                with tf.control_dependencies([asked]):
+                    batch = next(iterator)
+                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                    wait += tf.timestamp() - asked
+                loss, terms, norm = strategy.run(self._replica_step, args=(batch,))
                 loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
                 # One reduce per tensor: MultiWorkerMirroredStrategy's reduce rejects a nested structure.
                 terms = tf.nest.map_structure(
                     lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), terms)
                 sums = tf.nest.map_structure(tf.add, sums, terms)
-                norm_sum += strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
+                norm = strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
+                norm_sum += norm
                 losses = losses.write(i, loss)
-            return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32)
+                if mask_key is not None:
+                    r, p = strategy.run(count_tokens, args=(batch,))
+                    real += strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None)
+                    positions += strategy.reduce(tf.distribute.ReduceOp.SUM, p, axis=None)
+                done = loss + norm
+            health = dict(input_wait_seconds=wait, real_tokens=real, positions=positions)
+            return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32), health
 
         return train_loop
 
@@ -552,9 +582,10 @@ class Trainer:
         restored = self.restore()
         iterator, manager = self._resume_input(dataset_fn, per_replica, signature, restored)
         self._report_run(TRAIN_DIR)
-        if "train" not in self._train_loops:
-            self._train_loops["train"] = self._make_train_loop()
-        train_loop = self._train_loops["train"]
+        mask_key = _mask_feature(spec)
+        if mask_key not in self._train_loops:
+            self._train_loops[mask_key] = self._make_train_loop(mask_key)
+        train_loop = self._train_loops[mask_key]
 
         step = int(self.global_step.numpy())
         last_saved = step
@@ -569,7 +600,7 @@ class Trainer:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
                 n = min(c.iterations_per_loop, self.train_steps - step, next_save - step)
                 loop_start = time.time()
-                losses, sums, grad_norm = train_loop(iterator, tf.constant(n, tf.int32))
+                losses, sums, grad_norm, health = train_loop(iterator, tf.constant(n, tf.int32))
                 losses = losses.numpy()
                 elapsed = time.time() - loop_start
                 bad = np.flatnonzero(~np.isfinite(losses))
@@ -584,7 +615,8 @@ class Trainer:
                 result["loss"] = float(losses.mean())
                 examples_per_sec = n * self.global_batch_size / max(elapsed, 1e-9)
                 summary = dict(result, learning_rate=lr, gradient_norm=float(grad_norm.numpy()),
-                               examples_per_second=examples_per_sec)
+                               examples_per_second=examples_per_sec,
+                               **_health_scalars(health, n, elapsed, examples_per_sec / replicas))
                 self._write_summaries(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
                 self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"]))
@@ -789,6 +821,36 @@ def input_signature(element_spec, per_replica_batch: int, micro_batches: int, re
     visit(element_spec, "")
     return json.dumps(dict(data=input_id, batch=per_replica_batch, micro_batches=micro_batches, replicas=replicas,
                            features=shapes), sort_keys=True)
+
+
+# The features whose nonzero entries are a batch's real tokens, by preference (packed rows: sequence_ids).
+MASK_FEATURES = ("input_mask", "sequence_ids")
+
+
+def _mask_feature(element_spec) -> Optional[str]:
+    """The batch's real-token feature (MASK_FEATURES), None for batches without one (not a dict)."""
+    if isinstance(element_spec, dict):
+        for key in MASK_FEATURES:
+            if key in element_spec:
+                return key
+    return None
+
+
+def _health_scalars(health, steps: int, seconds: float, examples_per_second_per_replica: float) -> Dict[str, float]:
+    """The speed and input scalars of one host loop (TensorBoard: speed/..., input/...), see
+    Trainer._make_train_loop for what the input wait measures."""
+    wait = float(health["input_wait_seconds"].numpy())
+    out = {
+        "speed/seconds_per_step": seconds / steps,
+        "speed/input_wait_seconds_per_step": wait / steps,
+        "speed/compute_seconds_per_step": max(seconds - wait, 0.0) / steps,
+        "speed/input_wait_fraction": min(wait / max(seconds, 1e-9), 1.0),
+        "speed/examples_per_second_per_replica": examples_per_second_per_replica,
+    }
+    positions = float(health["positions"].numpy())
+    if positions:
+        out["input/real_tokens_per_position"] = float(health["real_tokens"].numpy()) / positions
+    return out
 
 
 def _signature_change(old: str, new: str) -> str:
