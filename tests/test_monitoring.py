@@ -114,3 +114,28 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     fast, fast_fn = _masked_trainer(tmp_path / "fast", delay=0)
     fast.train(fast_fn)
     assert _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4] < 0.05
+
+
+def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):
+    import os
+
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import metadata
+
+    trainer, _ = _masked_trainer(tmp_path, delay=0, learning_rate=0.003, mixed_precision="float32")
+    trainer.write_hparams({"max_seq_length": 8, "pack_sequences": False, "task": "toy", "odd": (1, 2)})
+    [name] = [n for n in os.listdir(tmp_path) if n.startswith("events.out")]
+    infos = [metadata.parse_session_start_info_plugin_data(v.metadata.plugin_data.content)
+             for e in tf.compat.v1.train.summary_iterator(str(tmp_path / name)) for v in e.summary.value
+             if v.tag == metadata.SESSION_START_INFO_TAG]
+    assert len(infos) == 1
+    values = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in infos[0].hparams.items()}
+    assert values["learning_rate"] == pytest.approx(0.003) and values["optimizer"] == "adamw"
+    assert values["train_batch_size"] == 4 and values["train_steps"] == 4 and values["precision"] == "float32"
+    assert values["max_seq_length"] == 8 and values["pack_sequences"] is False and values["task"] == "toy"
+    assert values["parameters"] == 9 and values["odd"] == "(1, 2)"  # Dense(8 -> 1); other types as text
+    # --overwrite_output_dir removes them with the rest of the run.
+    from bert_tf.training.loop import clear_model_dir
+
+    clear_model_dir(str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("events.out")]

@@ -221,6 +221,10 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                 f"tokens real; batches and epochs count rows")
         trainer.run_summary(train_units, int(num_train_steps * cfg.warmup_proportion), extra=extra,
                             unit="rows" if pack else "examples")
+        trainer.write_hparams(dict(task=task.task_type, max_seq_length=cfg.max_seq_length,
+                                   num_train_epochs=cfg.num_train_epochs, warmup_proportion=cfg.warmup_proportion,
+                                   pack_sequences=pack, dynamic_padding=dynamic_padding,
+                                   aux_lm_weight=settings.aux_lm_weight, eval_every_steps=eval_every))
         dataset_fn = finetuning.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
                                                   seed=settings.train.seed, dynamic_padding=dynamic_padding)
         train_arrays = train.packed.arrays if pack else train.arrays

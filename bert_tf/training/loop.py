@@ -512,6 +512,41 @@ class Trainer:
         except (tf.errors.OpError, OSError) as e:
             logger.warning("cannot write the run's text summaries to %s (%s)", kind, _first_line(e))
 
+    def hparams(self, extra: Optional[Dict] = None) -> Dict:
+        """The run's hyperparameters for TensorBoard's HParams table: how it trains (TrainSettings),
+        its global batch, steps and replicas, the model's size, and `extra` (the runner's: sequence
+        length, packing, task...). Values are numbers, booleans or strings."""
+        c = self.settings
+        values = dict(learning_rate=c.learning_rate, optimizer=c.optimizer, weight_decay_rate=c.weight_decay_rate,
+                      clip_norm=c.clip_norm, precision=c.mixed_precision, jit_compile=c.jit_compile,
+                      gradient_accumulation_steps=c.gradient_accumulation_steps, seed=-1 if c.seed is None else c.seed,
+                      train_batch_size=self.global_batch_size, train_steps=self.train_steps,
+                      replicas=self.strategy.num_replicas_in_sync, parameters=count_parameters(self.model))
+        config = _model_config(self.model)
+        if config is not None:
+            values.update(hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+                          num_attention_heads=config.num_attention_heads)
+        values.update(extra or {})
+        return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+    def write_hparams(self, extra: Optional[Dict] = None) -> None:
+        """Writes self.hparams(extra) to TensorBoard's HParams plugin, as a session whose run is model_dir
+        itself: its metrics are the last values of the scalars of model_dir/train and model_dir/eval
+        (groups "train", "eval"), so the runs of a sweep, side by side under one --logdir, compare in one
+        table. Chief only; best effort, as the other summaries."""
+        if not self.is_chief:
+            return
+        from tensorboard.plugins.hparams import api as hparams_api
+
+        values = self.hparams(extra)
+        try:
+            writer = tf.summary.create_file_writer(self.model_dir)
+            with writer.as_default(step=int(self.global_step.numpy())):
+                hparams_api.hparams(values)
+            writer.close()
+        except (tf.errors.OpError, OSError) as e:
+            logger.warning("cannot write the run's hyperparameters to %s (%s)", self.model_dir, _first_line(e))
+
     # ------------------------------------------------------------------ public API
     def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0):
         """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, its first `skip_batches`
@@ -766,10 +801,11 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
 
-# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries,
-# side files but the vocab, and the fine-tuning runners' best model (bert_tf.model_dir).
+# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries
+# (train/, eval/ and the HParams events in model_dir itself), side files but the vocab, and the
+# fine-tuning runners' best model (bert_tf.model_dir).
 _RUN_FILES = ("checkpoint", f"{model_dir_lib.CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, model_dir_lib.BEST_DIR,
-              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE)
+              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE, "events.out.tfevents.*")
 
 
 def clear_model_dir(model_dir: str) -> list:
@@ -869,12 +905,20 @@ def _signature_change(old: str, new: str) -> str:
     return "; ".join(changed)
 
 
-def _model_config_json(model) -> str:
-    """The model's BertConfig as JSON (the model's or its encoder's), else its Keras config."""
+def _model_config(model):
+    """The model's BertConfig (the model's or its encoder's), or None."""
     for obj in (model, getattr(model, "encoder", None)):
         config = getattr(obj, "config", None)
         if hasattr(config, "to_json_string"):
-            return config.to_json_string()
+            return config
+    return None
+
+
+def _model_config_json(model) -> str:
+    """The model's BertConfig as JSON (the model's or its encoder's), else its Keras config."""
+    config = _model_config(model)
+    if config is not None:
+        return config.to_json_string()
     try:
         return json.dumps(model.get_config(), indent=2, sort_keys=True, default=str)
     except (NotImplementedError, TypeError, ValueError):
