@@ -41,6 +41,8 @@ setup(
         "test": TEST,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot
+        # TensorBoard's Profile tab for --profile_steps captures (resolves beside TensorFlow 2.20).
+        "profile": ["tensorboard-plugin-profile>=2.20"],
         # NVIDIA GPUs (Linux x86_64): TensorFlow's own extra brings CUDA 12 and cuDNN 9 from pip.
         "gpu": ["tensorflow[and-cuda]==2.20.*"],
     },

@@ -139,3 +139,25 @@ def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):
 
     clear_model_dir(str(tmp_path))
     assert not [n for n in os.listdir(tmp_path) if n.startswith("events.out")]
+
+
+def test_profile_steps_capture_exactly_those_steps(tmp_path, caplog):
+    import glob
+    import logging
+
+    caplog.set_level(logging.INFO, "bert_tf.training")
+    trainer, dataset_fn = _masked_trainer(tmp_path, delay=0, profile_steps=(2, 3))
+    trainer.train(dataset_fn)
+    # Loops end at step 1 (before the capture) and 3 (its end), then go on as configured.
+    assert [h["step"] for h in trainer.loop_history] == [1, 3, 4]
+    assert "profiling steps 2-3 into" in caplog.text
+    [trace] = glob.glob(str(tmp_path / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert __import__("os").path.getsize(trace) > 0
+
+
+@pytest.mark.parametrize("steps, message", [((0, 2), "1 <= N <= M"), ((3, 2), "1 <= N <= M")])
+def test_bad_profile_steps_are_one_line(steps, message):
+    from bert_tf.training.loop import TrainSettings
+
+    with pytest.raises(ValueError, match=message):
+        TrainSettings(profile_steps=steps).validate(1, train_steps=4, global_batch_size=4)

@@ -42,7 +42,7 @@ import os
 import re
 import signal
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import keras
 import numpy as np
@@ -116,6 +116,9 @@ class TrainSettings:
     keep_checkpoint_max: int = 5
     gradient_accumulation_steps: int = 1
     seed: Optional[int] = 12345
+    # (first, last): capture a TensorBoard profile of these global steps (1-based, inclusive) into
+    # model_dir/train/plugins/profile (the chief's). None: no profile.
+    profile_steps: Optional[Tuple[int, int]] = None
 
     def validate(self, num_replicas: int, *, train_steps: int, global_batch_size: int) -> None:
         """One-line ValueErrors for settings a run of `train_steps` x `global_batch_size` cannot use."""
@@ -129,6 +132,10 @@ class TrainSettings:
             raise ValueError(f"keep_checkpoint_max must be positive, got {self.keep_checkpoint_max}")
         if self.gradient_accumulation_steps <= 0:
             raise ValueError(f"gradient_accumulation_steps must be positive, got {self.gradient_accumulation_steps}")
+        if self.profile_steps is not None:
+            first, last = self.profile_steps
+            if not 1 <= first <= last:
+                raise ValueError(f"profile_steps must be N,M with 1 <= N <= M, got {first},{last}")
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
         split = num_replicas * self.gradient_accumulation_steps
@@ -629,11 +636,13 @@ class Trainer:
             logger.info("step %d >= num_train_steps %d: nothing to train", step, self.train_steps)
             return result
         previous_handler = self._install_sigterm()
+        profiler = _Profiler(c.profile_steps, os.path.join(self.model_dir, TRAIN_DIR), self.is_chief)
         try:
             start_time, start_step = time.time(), step
             while step < self.train_steps:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
-                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step)
+                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step, profiler.steps_to_edge(step))
+                profiler.before_loop(step)
                 loop_start = time.time()
                 losses, sums, grad_norm, health = train_loop(iterator, tf.constant(n, tf.int32))
                 losses = losses.numpy()
@@ -645,6 +654,7 @@ class Trainer:
                         f"(last good checkpoint: {manager.latest_checkpoint or 'none'})"
                     )
                 step += n
+                profiler.after_loop(step)
                 lr = float(self.optimizer.last_learning_rate().numpy())  # that of step `step`, logged with it
                 result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
                 result["loss"] = float(losses.mean())
@@ -685,6 +695,7 @@ class Trainer:
                 f"from {model_dir_lib.latest_checkpoint(self.model_dir) or 'the start'}"
             ) from None
         finally:
+            profiler.stop()
             self._restore_sigterm(previous_handler)
         return result
 
@@ -799,6 +810,58 @@ class Trainer:
     def _restore_sigterm(self, previous):
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+class _Profiler:
+    """Captures the TensorBoard profile of global steps first..last (TrainSettings.profile_steps) with
+    tf.profiler.experimental.start/stop around the host loops that run them: train() ends a loop at
+    step first - 1 and at step last, so the capture holds exactly those steps. The profile plugin
+    lists it under the run `train` (logdir/plugins/profile/<time>/). A profiler that cannot start
+    (another one running) is one warning; training goes on."""
+
+    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, is_chief: bool):
+        self.steps = steps if is_chief else None
+        self.logdir = logdir
+        self.running = False
+        self.done = False
+
+    def steps_to_edge(self, step: int) -> int:
+        """How many steps the next loop may run before it crosses the start or end of the capture."""
+        if self.steps is None or self.done:
+            return math.inf
+        first, last = self.steps
+        if step >= last:
+            return math.inf
+        return first - 1 - step if step < first - 1 else last - step
+
+    def before_loop(self, step: int) -> None:
+        if self.steps is None or self.running or self.done:
+            return
+        first, last = self.steps
+        if first - 1 <= step < last:
+            try:
+                tf.profiler.experimental.start(self.logdir)
+            except (tf.errors.OpError, ValueError, RuntimeError) as e:
+                logger.warning("cannot start the profiler (%s); training without it", _first_line(e))
+                self.done = True
+                return
+            self.running = True
+            logger.info("profiling steps %d-%d into %s", step + 1, last, self.logdir)
+
+    def after_loop(self, step: int) -> None:
+        if self.running and step >= self.steps[1]:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running, self.done = False, True
+        try:
+            tf.profiler.experimental.stop()
+        except (tf.errors.OpError, ValueError, RuntimeError) as e:
+            logger.warning("cannot save the profile (%s)", _first_line(e))
+            return
+        logger.info("profile saved under %s", os.path.join(self.logdir, "plugins", "profile"))
 
 
 # What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries
