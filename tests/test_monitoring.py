@@ -106,14 +106,15 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     assert events["input/real_tokens_per_position"] == {2: 3 / 8, 4: 3 / 8}
     assert events["speed/examples_per_second_per_replica"] == events["examples_per_second"]
     step4 = {tag: values[4] for tag, values in events.items()}  # the second loop: no tracing in it
-    assert step4["speed/input_wait_seconds_per_step"] >= 0.19
-    assert step4["speed/input_wait_fraction"] > 0.5
+    assert step4["speed/input_wait_seconds_per_step"] >= 0.19  # at least the sleep, however busy the machine
+    assert step4["speed/input_wait_fraction"] == pytest.approx(
+        step4["speed/input_wait_seconds_per_step"] / step4["speed/seconds_per_step"], rel=1e-5)
     assert step4["speed/input_wait_seconds_per_step"] + step4["speed/compute_seconds_per_step"] == \
         pytest.approx(step4["speed/seconds_per_step"], rel=1e-5)
-    # The same run without the delay mostly computes.
+    # The same run without the delay waits far less (a bound loose enough for a machine shared with others).
     fast, fast_fn = _masked_trainer(tmp_path / "fast", delay=0)
     fast.train(fast_fn)
-    assert _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4] < 0.05
+    assert _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4] < 0.1
 
 
 def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):

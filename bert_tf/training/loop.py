@@ -816,8 +816,10 @@ class _Profiler:
     """Captures the TensorBoard profile of global steps first..last (TrainSettings.profile_steps) with
     tf.profiler.experimental.start/stop around the host loops that run them: train() ends a loop at
     step first - 1 and at step last, so the capture holds exactly those steps. The profile plugin
-    lists it under the run `train` (logdir/plugins/profile/<time>/). A profiler that cannot start
-    (another one running) is one warning; training goes on."""
+    lists it under the run `train` (logdir/plugins/profile/<time>/). The capture ends with the
+    train() call: fine-tuning's evaluations split a range that spans one into one capture per part
+    (the evaluation not in it). A profiler that cannot start (another one running) is one warning;
+    training goes on."""
 
     def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, is_chief: bool):
         self.steps = steps if is_chief else None
