@@ -2,6 +2,7 @@
 through its HTTP data API as the browser reads it: shared train/eval tags, one eval point per
 evaluation, the speed and input scalars, the HParams table and (with the profile plugin) the capture."""
 
+import gzip
 import json
 import os
 import socket
@@ -84,7 +85,9 @@ class _Board:
     def get(self, path, **params):
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
         with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=30) as response:
-            return json.loads(response.read())
+            body = response.read()
+            # (the profile plugin gzips its answers whatever the request accepts)
+            return json.loads(gzip.decompress(body) if response.headers.get("Content-Encoding") == "gzip" else body)
 
     def post(self, path, body):
         request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(), method="POST",
@@ -192,8 +195,10 @@ def test_profile_capture_is_there_and_listed_by_the_profile_plugin(board, logdir
     plugins = board.get("/data/plugins_listing")
     if "profile" not in plugins:
         pytest.skip("the TensorBoard profile plugin is not installed (pip install -e '.[profile]')")
-    runs = board.get("/data/plugin/profile/runs")
-    assert any("finetune/train" in str(run) for run in runs), runs
+    runs = board.get("/data/plugin/profile/runs")  # ["<run>/<capture time>", ...]
+    assert [run.rsplit("/", 1)[0] for run in runs] == ["finetune/train"], runs
+    tools = board.get("/data/plugin/profile/run_tools", run=runs[0])
+    assert "trace_viewer@" in tools or "trace_viewer" in tools, tools
 
 
 def test_the_runs_print_no_warning(logdir):
