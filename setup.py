@@ -33,6 +33,8 @@ setup(
         # tensorflow-text with its TensorFlow (tensorflow-text 2.21 requires tensorflow >=2.21,<2.22).
         "tensorflow>=2.20,<2.22",
         "tensorflow-text>=2.20,<2.22",
+        # tf.summary.text/scalar and the HParams API need it; TensorFlow 2.21 no longer installs it.
+        "tensorboard>=2.20",
         "keras>=3.10,<4",
         "absl-py>=1.0",
         "numpy",

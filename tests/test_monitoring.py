@@ -106,7 +106,10 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     assert events["input/real_tokens_per_position"] == {2: 3 / 8, 4: 3 / 8}
     assert events["speed/examples_per_second_per_replica"] == events["examples_per_second"]
     step4 = {tag: values[4] for tag, values in events.items()}  # the second loop: no tracing in it
-    assert step4["speed/input_wait_seconds_per_step"] >= 0.19  # at least the sleep, however busy the machine
+    # A step cannot be faster than its batch (0.2 s); the toy step computes in about a millisecond, so
+    # most of it is waiting (not all: tf.data may make the next batch while the step runs; TF 2.21 does).
+    assert step4["speed/seconds_per_step"] >= 0.19
+    assert step4["speed/input_wait_seconds_per_step"] >= 0.1
     assert step4["speed/input_wait_fraction"] == pytest.approx(
         step4["speed/input_wait_seconds_per_step"] / step4["speed/seconds_per_step"], rel=1e-5)
     assert step4["speed/input_wait_seconds_per_step"] + step4["speed/compute_seconds_per_step"] == \
@@ -114,7 +117,8 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     # The same run without the delay waits far less (a bound loose enough for a machine shared with others).
     fast, fast_fn = _masked_trainer(tmp_path / "fast", delay=0)
     fast.train(fast_fn)
-    assert _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4] < 0.1
+    fast_wait = _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4]
+    assert fast_wait < step4["speed/input_wait_seconds_per_step"] / 2
 
 
 def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):
