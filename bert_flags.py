@@ -42,6 +42,23 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_integer("iterations_per_loop", 1000, "How many steps to run per host call (and per log line).")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
     flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
+    flags.DEFINE_string("profile_steps", None, "N,M: capture a TensorBoard profile of global steps N to M into "
+                        "<output_dir>/train (Profile tab, with the tensorboard profile plugin installed).")
+
+
+def profile_steps():
+    """--profile_steps as (N, M), None when not given; a one-line exit when it is not N,M with 1 <= N <= M."""
+    text = FLAGS.profile_steps
+    if not text:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        first, last = (int(p) for p in parts) if len(parts) == 2 else (int(parts[0]),) * 2
+    except ValueError:
+        fail(f"--profile_steps must be N,M (global steps, 1 <= N <= M), got {text!r}")
+    if not 1 <= first <= last:
+        fail(f"--profile_steps must be N,M (global steps, 1 <= N <= M), got {text!r}")
+    return first, last
 
 
 def train_settings(strategy=None):
@@ -57,7 +74,7 @@ def train_settings(strategy=None):
         jit_compile=use_jit(strategy) if strategy is not None else False,
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
-        seed=FLAGS.seed)
+        seed=FLAGS.seed, profile_steps=profile_steps())
 
 
 def strategy_name() -> str:
@@ -256,8 +273,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("predict_batch_size", eval_batch_size, "Total batch size for predict.")
     flags.DEFINE_float("num_train_epochs", num_train_epochs, "Total number of training epochs to perform.")
     flags.DEFINE_float("warmup_proportion", 0.1, "Proportion of training for linear learning rate warmup.")
-    flags.DEFINE_integer("eval_every_steps", 0, "Evaluate on dev every N steps during training and keep the "
-                         "best model in <output_dir>/best (0: only at the end).")
+    flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every N steps during training and keep the "
+                         "best model in <output_dir>/best. Default with --do_train --do_eval: at the end of each "
+                         "epoch; 0: only at the end.")
     flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "

@@ -33,8 +33,12 @@ setup(
     package_data={"bert_tf.resources": ["*.txt", "testament/*.tsv"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
-        "tensorflow==2.20.*",
-        "tensorflow-text==2.20.*",
+        # 2.20 (what tensorflow-tpu and tf-models-official still are; the tests' venv) or 2.21: pip pairs
+        # tensorflow-text with its TensorFlow (tensorflow-text 2.21 requires tensorflow >=2.21,<2.22).
+        "tensorflow>=2.20,<2.22",
+        "tensorflow-text>=2.20,<2.22",
+        # tf.summary.text/scalar and the HParams API need it; TensorFlow 2.21 no longer installs it.
+        "tensorboard>=2.20",
         "keras>=3.10,<4",
         "absl-py>=1.0",
         "numpy",
@@ -46,8 +50,10 @@ setup(
         "beam": BEAM,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot
+        # TensorBoard's Profile tab for --profile_steps captures (resolves beside TensorFlow 2.20).
+        "profile": ["tensorboard-plugin-profile>=2.20"],
         # NVIDIA GPUs (Linux x86_64): TensorFlow's own extra brings CUDA 12 and cuDNN 9 from pip.
-        "gpu": ["tensorflow[and-cuda]==2.20.*"],
+        "gpu": ["tensorflow[and-cuda]>=2.20,<2.22"],
     },
     license="Apache-2.0",
 )

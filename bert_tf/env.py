@@ -291,7 +291,8 @@ def gcs_info() -> dict:
     elif plugin:
         detail = "tensorflow-io-gcs-filesystem is installed: set TF_USE_MODULAR_FILESYSTEM=1 to use it"
     else:
-        detail = "no gs:// file system: pip install 'tensorflow[gcs-filesystem]==2.20.*'"
+        minor = ".".join(tf.__version__.split(".")[:2])  # the installed TensorFlow's release (2.20, 2.21)
+        detail = f"no gs:// file system: pip install 'tensorflow[gcs-filesystem]=={minor}.*'"
     return {"gs_registered": registered, "schemes": schemes, "tensorflow_io_gcs_filesystem": plugin,
             "TF_USE_MODULAR_FILESYSTEM": modular, "detail": detail}
 

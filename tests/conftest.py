@@ -91,6 +91,7 @@ def half_precision_matmul_crashes() -> str:
 # `pytest -m "not slow"` is the fast loop (README, Development): it leaves out the tests that run
 # scripts or whole runs in subprocesses, end to end. CI runs everything.
 SLOW_MODULES = {
+    "test_tensorboard.py",
     "test_quickstart.py", "test_ablations.py", "test_run_classifier.py", "test_run_squad.py", "test_run_swag.py",
     "test_run_ner.py", "test_run_pretraining.py", "test_reliability.py", "test_resume.py", "test_console.py", "test_predict.py",
     "test_memory.py", "test_env.py", "test_hf_fidelity.py", "test_export.py", "test_export_int8.py",

@@ -151,7 +151,9 @@ class SelfAttention(keras.layers.Layer):
         if self.dropout.fusable(training):
             probs = dropped_softmax(scores, bias, scale, self.dropout.seed_generator.next(), float(self.dropout.rate))
         else:
-            probs = ops.softmax(ops.cast(scores, "float32") * scale + bias, axis=-1)  # [B, N, F, T], float32
+            # tf.nn.softmax, the op ops.softmax runs, without its warning for one key (T = 1: a model built
+            # on a one-token batch, as the Trainer finds its metric names; one key is a valid attention).
+            probs = tf.nn.softmax(ops.cast(scores, "float32") * scale + bias, axis=-1)  # [B, N, F, T], float32
             probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
         context = ops.matmul(probs, v)  # [B, N, F, D]
         out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]

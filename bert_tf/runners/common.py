@@ -7,7 +7,8 @@
      starting from the pretrained weights, resuming from output_dir's checkpoints;
   4. write the model directory's side files, once the checkpoint is restored and training saves
      (a refused or crashed start leaves output_dir as it was);
-  5. train (evaluating every eval_every_steps and keeping the best model in output_dir/best),
+  5. train (evaluating every eval_every_steps, by default every epoch with do_eval, and keeping the
+     best model in output_dir/best),
      or restore the trained model;
   6. evaluate: eval_results[_<split>].txt and the task's files; predict: the task's files.
 The task (bert_tf.runners.task.FinetuneTask) says only what is its own: data, loss, scores, files.
@@ -156,13 +157,13 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         return pack_split(task, split, data, settings) if pack else data
 
     # Every input is read and featurized before anything is written to output_dir.
-    eval_every = cfg.eval_every_steps if cfg.do_train and task.eval_splits else 0
     train = featurize("train") if cfg.do_train else None
-    evals = {s: featurize(s) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
-    predicts = {s: evals.get(s) or featurize(s) for s in task.predict_splits} if cfg.do_predict else {}
     # An epoch is one pass over the examples; packed, a batch is train_batch_size rows.
     train_units = (train.packed.num_rows if pack else train.count) if train else 0
     num_train_steps = max(1, int(train_units / cfg.train_batch_size * cfg.num_train_epochs)) if train else 0
+    eval_every = eval_interval(cfg, task, train_units)
+    evals = {s: featurize(s) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
+    predicts = {s: evals.get(s) or featurize(s) for s in task.predict_splits} if cfg.do_predict else {}
 
     def model_fn():
         return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
@@ -177,8 +178,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                   task_type=task.task_type, **info)
 
     scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
-    board = tf.summary.create_file_writer(os.path.join(out, EVAL_DIR)) \
-        if trainer.is_chief and scoring else tf.summary.create_noop_writer()
+    boards = {split: eval_writer(out, split, len(scoring), trainer.is_chief) for split in scoring}
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
     predictor = finetuning.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
                                      dynamic_padding=dynamic_padding, jit_compile=jit, strategy=settings.strategy)
@@ -197,11 +197,8 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                 logger.info("%s at step %d: %s", split, step, " ".join(
                     f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
                     if k != "global_step"))
-                with board.as_default(step=step):  # TensorBoard: dev metrics beside the training curves
-                    for key, value in metrics.items():
-                        if key != "global_step" and split in scoring:
-                            tf.summary.scalar(key if len(scoring) == 1 else f"{split}/{key}", value)
-                board.flush()
+                if split in scoring:  # TensorBoard: dev metrics on the training curves' charts
+                    write_eval_summaries(boards[split], step, metrics)
             scored[split] = (step, metrics, decoded)
         return scored[split][1:]
 
@@ -224,6 +221,10 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                 f"tokens real; batches and epochs count rows")
         trainer.run_summary(train_units, int(num_train_steps * cfg.warmup_proportion), extra=extra,
                             unit="rows" if pack else "examples")
+        trainer.write_hparams(dict(task=task.task_type, max_seq_length=cfg.max_seq_length,
+                                   num_train_epochs=cfg.num_train_epochs, warmup_proportion=cfg.warmup_proportion,
+                                   pack_sequences=pack, dynamic_padding=dynamic_padding,
+                                   aux_lm_weight=settings.aux_lm_weight, eval_every_steps=eval_every))
         dataset_fn = finetuning.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
                                                   seed=settings.train.seed, dynamic_padding=dynamic_padding)
         train_arrays = train.packed.arrays if pack else train.arrays
@@ -254,6 +255,40 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         logger.info("XLA programs traced: training step %d, prediction %d",
                     trainer.train_step_traces, predictor.traces)
     return results
+
+
+def eval_interval(cfg: FinetuneConfig, task: FinetuneTask, train_units: int) -> int:
+    """Steps between evaluations during training (0: none): --eval_every_steps, or by default with
+    do_train and do_eval one epoch's steps (whole batches), so the eval run draws a curve."""
+    if not (cfg.do_train and task.eval_splits):
+        return 0
+    if cfg.eval_every_steps is not None:
+        return cfg.eval_every_steps
+    return max(1, train_units // cfg.train_batch_size) if cfg.do_eval else 0
+
+
+def summary_tag(key: str) -> str:
+    """The TensorBoard tag of an eval_results.txt key: without its "eval_" prefix, so an eval metric
+    shares its chart with the training metric of the same name (eval_accuracy -> accuracy)."""
+    return key[len("eval_"):] if key.startswith("eval_") else key
+
+
+def eval_writer(output_dir: str, split: str, num_splits: int, is_chief: bool):
+    """The summary writer of a scored split: output_dir/eval, or output_dir/eval/<split> when the task
+    scores several (MNLI's matched and mismatched: one run each, the same tags)."""
+    if not is_chief:
+        return tf.summary.create_noop_writer()
+    folder = os.path.join(output_dir, EVAL_DIR) if num_splits == 1 else os.path.join(output_dir, EVAL_DIR, split)
+    return tf.summary.create_file_writer(folder)
+
+
+def write_eval_summaries(writer, step: int, metrics: Dict[str, float]) -> None:
+    """One point per evaluation of every numeric metric but global_step, tagged by summary_tag."""
+    with writer.as_default(step=step):
+        for key, value in metrics.items():
+            if key != "global_step":
+                tf.summary.scalar(summary_tag(key), value)
+    writer.flush()
 
 
 def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_steps: int, eval_every: int,

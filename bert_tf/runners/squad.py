@@ -92,7 +92,7 @@ def check_options(cfg: SquadRunConfig) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ValueError(f"--{name} must be positive, got {value}")
-    if cfg.eval_every_steps < 0:
+    if cfg.eval_every_steps is not None and cfg.eval_every_steps < 0:
         raise ValueError(f"--eval_every_steps must be >= 0, got {cfg.eval_every_steps}")
 
 

@@ -31,7 +31,9 @@ class FinetuneConfig:
     predict_batch_size: int = 8
     num_train_epochs: float = 3.0
     warmup_proportion: float = 0.1
-    eval_every_steps: int = 0  # > 0: evaluate every N steps and keep the best model in output_dir/best
+    # Evaluate every N steps of training and keep the best model in output_dir/best. None: with
+    # do_train and do_eval, at the end of each epoch (TensorBoard's eval run is a curve); 0: only at the end.
+    eval_every_steps: Optional[int] = None
 
 
 @dataclasses.dataclass

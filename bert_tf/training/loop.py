@@ -22,7 +22,9 @@ What the loop does with them (docs/design.md, "Decisions"):
     input pipeline position, so a resumed run continues exactly. SIGTERM saves
     one and exits; a non-finite loss stops without saving.
   * TensorBoard summaries under model_dir/train and model_dir/eval; one log
-    line per loop with step, loss, examples/s and ETA.
+    line per loop with step, loss, examples/s and ETA. Per loop also the speed
+    (seconds per step, split into waiting for input and the rest), examples/s per
+    replica and the batches' real tokens per position (input_mask / sequence_ids).
 
 A metric given as `(value, weight)` is averaged with those weights over all
 batches (e.g. MLM accuracy weighted by the number of real predictions, as the
@@ -40,7 +42,7 @@ import os
 import re
 import signal
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import keras
 import numpy as np
@@ -114,6 +116,9 @@ class TrainSettings:
     keep_checkpoint_max: int = 5
     gradient_accumulation_steps: int = 1
     seed: Optional[int] = 12345
+    # (first, last): capture a TensorBoard profile of these global steps (1-based, inclusive) into
+    # model_dir/train/plugins/profile (the chief's). None: no profile.
+    profile_steps: Optional[Tuple[int, int]] = None
 
     def validate(self, num_replicas: int, *, train_steps: int, global_batch_size: int) -> None:
         """One-line ValueErrors for settings a run of `train_steps` x `global_batch_size` cannot use."""
@@ -127,6 +132,10 @@ class TrainSettings:
             raise ValueError(f"keep_checkpoint_max must be positive, got {self.keep_checkpoint_max}")
         if self.gradient_accumulation_steps <= 0:
             raise ValueError(f"gradient_accumulation_steps must be positive, got {self.gradient_accumulation_steps}")
+        if self.profile_steps is not None:
+            first, last = self.profile_steps
+            if not 1 <= first <= last:
+                raise ValueError(f"profile_steps must be N,M with 1 <= N <= M, got {first},{last}")
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
         split = num_replicas * self.gradient_accumulation_steps
@@ -337,25 +346,53 @@ class Trainer:
         return _metric_terms(metrics)
 
     # ------------------------------------------------------------------ host-side loop functions
-    def _make_train_loop(self):
+    def _make_train_loop(self, mask_key: Optional[str]):
+        """The host call of `num_steps` steps: (losses, metric sums, mean gradient norm, health), where
+        health = {input_wait_seconds: time the loop was blocked in the input iterator's get_next,
+        summed over the steps; real_tokens, positions: nonzero entries of the batches' `mask_key`
+        feature (input_mask, or packed rows' sequence_ids) and all its entries}.
+
+        The wait is measured in the graph with tf.timestamp: each step's clock starts once the
+        previous step's outputs exist, and stops when the next batch is there. It is host time: on a
+        GPU/TPU, whose kernels run asynchronously, a step's device work may still run while the next
+        get_next waits, so there the wait is that of the host (as in tf.data's own accounting)."""
         strategy = self.strategy
         names = self._metric_names
+
+        def count_tokens(batch):
+            mask = tf.cast(tf.not_equal(batch[mask_key], 0), tf.float32)
+            return tf.reduce_sum(mask), tf.cast(tf.size(mask), tf.float32)
 
         @tf.function
         def train_loop(iterator, num_steps):
             losses = tf.TensorArray(tf.float32, size=num_steps)
             sums = {n: (tf.constant(0.0), tf.constant(0.0)) for n in names}
             norm_sum = tf.constant(0.0)
+            wait, real, positions = tf.constant(0.0, tf.float64), tf.constant(0.0), tf.constant(0.0)
+            done = tf.constant(0.0)  # a value of the previous step: the next step's clock starts after it
             for i in tf.range(num_steps):
-                loss, terms, norm = strategy.run(self._replica_step, args=(next(iterator),))
+                with tf.control_dependencies([done]):
+                    asked = tf.timestamp()
+                with tf.control_dependencies([asked]):
+                    batch = next(iterator)
+                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                    wait += tf.timestamp() - asked
+                loss, terms, norm = strategy.run(self._replica_step, args=(batch,))
                 loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
                 # One reduce per tensor: MultiWorkerMirroredStrategy's reduce rejects a nested structure.
                 terms = tf.nest.map_structure(
                     lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), terms)
                 sums = tf.nest.map_structure(tf.add, sums, terms)
-                norm_sum += strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
+                norm = strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
+                norm_sum += norm
                 losses = losses.write(i, loss)
-            return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32)
+                if mask_key is not None:
+                    r, p = strategy.run(count_tokens, args=(batch,))
+                    real += strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None)
+                    positions += strategy.reduce(tf.distribute.ReduceOp.SUM, p, axis=None)
+                done = loss + norm
+            health = dict(input_wait_seconds=wait, real_tokens=real, positions=positions)
+            return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32), health
 
         return train_loop
 
@@ -482,6 +519,41 @@ class Trainer:
         except (tf.errors.OpError, OSError) as e:
             logger.warning("cannot write the run's text summaries to %s (%s)", kind, _first_line(e))
 
+    def hparams(self, extra: Optional[Dict] = None) -> Dict:
+        """The run's hyperparameters for TensorBoard's HParams table: how it trains (TrainSettings),
+        its global batch, steps and replicas, the model's size, and `extra` (the runner's: sequence
+        length, packing, task...). Values are numbers, booleans or strings."""
+        c = self.settings
+        values = dict(learning_rate=c.learning_rate, optimizer=c.optimizer, weight_decay_rate=c.weight_decay_rate,
+                      clip_norm=c.clip_norm, precision=c.mixed_precision, jit_compile=c.jit_compile,
+                      gradient_accumulation_steps=c.gradient_accumulation_steps, seed=-1 if c.seed is None else c.seed,
+                      train_batch_size=self.global_batch_size, train_steps=self.train_steps,
+                      replicas=self.strategy.num_replicas_in_sync, parameters=count_parameters(self.model))
+        config = _model_config(self.model)
+        if config is not None:
+            values.update(hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+                          num_attention_heads=config.num_attention_heads)
+        values.update(extra or {})
+        return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+    def write_hparams(self, extra: Optional[Dict] = None) -> None:
+        """Writes self.hparams(extra) to TensorBoard's HParams plugin, as a session whose run is model_dir
+        itself: its metrics are the last values of the scalars of model_dir/train and model_dir/eval
+        (groups "train", "eval"), so the runs of a sweep, side by side under one --logdir, compare in one
+        table. Chief only; best effort, as the other summaries."""
+        if not self.is_chief:
+            return
+        from tensorboard.plugins.hparams import api as hparams_api
+
+        values = self.hparams(extra)
+        try:
+            writer = tf.summary.create_file_writer(self.model_dir)
+            with writer.as_default(step=int(self.global_step.numpy())):
+                hparams_api.hparams(values)
+            writer.close()
+        except (tf.errors.OpError, OSError) as e:
+            logger.warning("cannot write the run's hyperparameters to %s (%s)", self.model_dir, _first_line(e))
+
     # ------------------------------------------------------------------ public API
     def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0):
         """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, its first `skip_batches`
@@ -552,9 +624,10 @@ class Trainer:
         restored = self.restore()
         iterator, manager = self._resume_input(dataset_fn, per_replica, signature, restored)
         self._report_run(TRAIN_DIR)
-        if "train" not in self._train_loops:
-            self._train_loops["train"] = self._make_train_loop()
-        train_loop = self._train_loops["train"]
+        mask_key = _mask_feature(spec)
+        if mask_key not in self._train_loops:
+            self._train_loops[mask_key] = self._make_train_loop(mask_key)
+        train_loop = self._train_loops[mask_key]
 
         step = int(self.global_step.numpy())
         last_saved = step
@@ -563,13 +636,15 @@ class Trainer:
             logger.info("step %d >= num_train_steps %d: nothing to train", step, self.train_steps)
             return result
         previous_handler = self._install_sigterm()
+        profiler = _Profiler(c.profile_steps, os.path.join(self.model_dir, TRAIN_DIR), self.is_chief)
         try:
             start_time, start_step = time.time(), step
             while step < self.train_steps:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
-                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step)
+                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step, profiler.steps_to_edge(step))
+                profiler.before_loop(step)
                 loop_start = time.time()
-                losses, sums, grad_norm = train_loop(iterator, tf.constant(n, tf.int32))
+                losses, sums, grad_norm, health = train_loop(iterator, tf.constant(n, tf.int32))
                 losses = losses.numpy()
                 elapsed = time.time() - loop_start
                 bad = np.flatnonzero(~np.isfinite(losses))
@@ -579,12 +654,14 @@ class Trainer:
                         f"(last good checkpoint: {manager.latest_checkpoint or 'none'})"
                     )
                 step += n
+                profiler.after_loop(step)
                 lr = float(self.optimizer.last_learning_rate().numpy())  # that of step `step`, logged with it
                 result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
                 result["loss"] = float(losses.mean())
                 examples_per_sec = n * self.global_batch_size / max(elapsed, 1e-9)
                 summary = dict(result, learning_rate=lr, gradient_norm=float(grad_norm.numpy()),
-                               examples_per_second=examples_per_sec)
+                               examples_per_second=examples_per_sec,
+                               **_health_scalars(health, n, elapsed, examples_per_sec / replicas))
                 self._write_summaries(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
                 self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"]))
@@ -618,6 +695,7 @@ class Trainer:
                 f"from {model_dir_lib.latest_checkpoint(self.model_dir) or 'the start'}"
             ) from None
         finally:
+            profiler.stop()
             self._restore_sigterm(previous_handler)
         return result
 
@@ -734,10 +812,65 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
 
-# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries,
-# side files but the vocab, and the fine-tuning runners' best model (bert_tf.model_dir).
+class _Profiler:
+    """Captures the TensorBoard profile of global steps first..last (TrainSettings.profile_steps) with
+    tf.profiler.experimental.start/stop around the host loops that run them: train() ends a loop at
+    step first - 1 and at step last, so the capture holds exactly those steps. The profile plugin
+    lists it under the run `train` (logdir/plugins/profile/<time>/). The capture ends with the
+    train() call: fine-tuning's evaluations split a range that spans one into one capture per part
+    (the evaluation not in it). A profiler that cannot start (another one running) is one warning;
+    training goes on."""
+
+    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, is_chief: bool):
+        self.steps = steps if is_chief else None
+        self.logdir = logdir
+        self.running = False
+        self.done = False
+
+    def steps_to_edge(self, step: int) -> int:
+        """How many steps the next loop may run before it crosses the start or end of the capture."""
+        if self.steps is None or self.done:
+            return math.inf
+        first, last = self.steps
+        if step >= last:
+            return math.inf
+        return first - 1 - step if step < first - 1 else last - step
+
+    def before_loop(self, step: int) -> None:
+        if self.steps is None or self.running or self.done:
+            return
+        first, last = self.steps
+        if first - 1 <= step < last:
+            try:
+                tf.profiler.experimental.start(self.logdir)
+            except (tf.errors.OpError, ValueError, RuntimeError) as e:
+                logger.warning("cannot start the profiler (%s); training without it", _first_line(e))
+                self.done = True
+                return
+            self.running = True
+            logger.info("profiling steps %d-%d into %s", step + 1, last, self.logdir)
+
+    def after_loop(self, step: int) -> None:
+        if self.running and step >= self.steps[1]:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running, self.done = False, True
+        try:
+            tf.profiler.experimental.stop()
+        except (tf.errors.OpError, ValueError, RuntimeError) as e:
+            logger.warning("cannot save the profile (%s)", _first_line(e))
+            return
+        logger.info("profile saved under %s", os.path.join(self.logdir, "plugins", "profile"))
+
+
+# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries
+# (train/, eval/ and the HParams events in model_dir itself), side files but the vocab, and the
+# fine-tuning runners' best model (bert_tf.model_dir).
 _RUN_FILES = ("checkpoint", f"{model_dir_lib.CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, model_dir_lib.BEST_DIR,
-              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE)
+              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE, "events.out.tfevents.*")
 
 
 def clear_model_dir(model_dir: str) -> list:
@@ -791,6 +924,36 @@ def input_signature(element_spec, per_replica_batch: int, micro_batches: int, re
                            features=shapes), sort_keys=True)
 
 
+# The features whose nonzero entries are a batch's real tokens, by preference (packed rows: sequence_ids).
+MASK_FEATURES = ("input_mask", "sequence_ids")
+
+
+def _mask_feature(element_spec) -> Optional[str]:
+    """The batch's real-token feature (MASK_FEATURES), None for batches without one (not a dict)."""
+    if isinstance(element_spec, dict):
+        for key in MASK_FEATURES:
+            if key in element_spec:
+                return key
+    return None
+
+
+def _health_scalars(health, steps: int, seconds: float, examples_per_second_per_replica: float) -> Dict[str, float]:
+    """The speed and input scalars of one host loop (TensorBoard: speed/..., input/...), see
+    Trainer._make_train_loop for what the input wait measures."""
+    wait = float(health["input_wait_seconds"].numpy())
+    out = {
+        "speed/seconds_per_step": seconds / steps,
+        "speed/input_wait_seconds_per_step": wait / steps,
+        "speed/compute_seconds_per_step": max(seconds - wait, 0.0) / steps,
+        "speed/input_wait_fraction": min(wait / max(seconds, 1e-9), 1.0),
+        "speed/examples_per_second_per_replica": examples_per_second_per_replica,
+    }
+    positions = float(health["positions"].numpy())
+    if positions:
+        out["input/real_tokens_per_position"] = float(health["real_tokens"].numpy()) / positions
+    return out
+
+
 def _signature_change(old: str, new: str) -> str:
     """The keys in which two input signatures differ, for the resume log line."""
     if not old:
@@ -807,12 +970,20 @@ def _signature_change(old: str, new: str) -> str:
     return "; ".join(changed)
 
 
-def _model_config_json(model) -> str:
-    """The model's BertConfig as JSON (the model's or its encoder's), else its Keras config."""
+def _model_config(model):
+    """The model's BertConfig (the model's or its encoder's), or None."""
     for obj in (model, getattr(model, "encoder", None)):
         config = getattr(obj, "config", None)
         if hasattr(config, "to_json_string"):
-            return config.to_json_string()
+            return config
+    return None
+
+
+def _model_config_json(model) -> str:
+    """The model's BertConfig as JSON (the model's or its encoder's), else its Keras config."""
+    config = _model_config(model)
+    if config is not None:
+        return config.to_json_string()
     try:
         return json.dumps(model.get_config(), indent=2, sort_keys=True, default=str)
     except (NotImplementedError, TypeError, ValueError):

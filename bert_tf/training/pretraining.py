@@ -394,6 +394,9 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
                              f"weight decay {config.train.weight_decay_rate}",
             },
         )
+        trainer.write_hparams(dict(objective=config.objective, max_seq_length=config.max_seq_length,
+                                   max_predictions_per_seq=config.max_predictions_per_seq,
+                                   num_warmup_steps=config.num_warmup_steps, pack_sequences=config.pack_sequences))
         with _naming_corrupt_files(train_files):
             # One spelling per file: the saved input position names its files, and a rerun may spell the
             # same file another way (../data/x from another directory).

@@ -1,0 +1,169 @@
+"""What a run shows in TensorBoard, unit by unit (tests/test_tensorboard.py reads it through a real server)."""
+
+import dataclasses
+
+import pytest
+
+from bert_tf.runners import common
+from bert_tf.runners.task import FinetuneConfig
+
+
+@dataclasses.dataclass
+class _Task:
+    eval_splits: tuple = ("dev",)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(do_train=True, do_eval=True), 6),  # default: one epoch's whole batches (50 // 8)
+    (dict(do_train=True, do_eval=True, eval_every_steps=4), 4),
+    (dict(do_train=True, do_eval=True, eval_every_steps=0), 0),  # 0: only at the end
+    (dict(do_train=True), 0),  # no --do_eval: no evaluation unless asked for
+    (dict(do_train=True, eval_every_steps=5), 5),
+    (dict(do_eval=True), 0),  # nothing trains
+])
+def test_eval_interval_defaults_to_each_epoch_with_do_eval(kwargs, expected):
+    cfg = FinetuneConfig(output_dir="unused", train_batch_size=8, **kwargs)
+    assert common.eval_interval(cfg, _Task(), train_units=50) == expected
+    assert common.eval_interval(cfg, _Task(eval_splits=()), train_units=50) == 0
+    if expected and "eval_every_steps" not in kwargs:
+        assert common.eval_interval(cfg, _Task(), train_units=3) == 1  # fewer examples than a batch
+
+
+def test_eval_tags_are_the_training_tags():
+    assert [common.summary_tag(k) for k in ("eval_accuracy", "eval_loss", "eval_f1", "f1", "exact", "loss")] == \
+        ["accuracy", "loss", "f1", "f1", "exact", "loss"]
+
+
+def _events(folder):
+    """{tag: {step: value}} of the scalar summaries in an event folder."""
+    import os
+
+    import tensorflow as tf
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith("events.out"):
+            continue
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "scalars":
+                    out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def _masked_trainer(model_dir, delay, **settings):
+    """A toy Trainer whose batches hold an input_mask with 3 of every 8 positions real; each batch
+    takes `delay` seconds to make (a slow input pipeline)."""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_tf.training import loop
+    from bert_tf.training import optimizer as opt
+    from bert_tf.training import strategy as strategy_lib
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+    mask = np.zeros((64, 8), np.int32)
+    mask[:, :3] = 1
+
+    def slow(batch):
+        def sleep(t):
+            time.sleep(delay)
+            return t
+
+        batch["x"] = tf.py_function(sleep, [batch["x"]], tf.float32)
+        batch["x"].set_shape([None, 8])
+        return batch
+
+    def dataset_fn(ctx, batch_size):
+        ds = tf.data.Dataset.from_tensor_slices({"x": x, "input_mask": mask}).repeat().batch(batch_size)
+        # No batch made ahead (tf.data would inject a prefetch after the map): every batch is waited for.
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        return (ds.map(slow) if delay else ds).with_options(options)
+
+    def model_fn():
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+    def loss_fn(model, batch, training):
+        masked = batch["x"] * tf.cast(batch["input_mask"], tf.float32)
+        return tf.reduce_mean(tf.square(model(masked, training=training))), {}
+
+    trainer = loop.Trainer(strategy_lib.get_strategy("one_device"),
+                           loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=4, **settings),
+                           model_fn, loss_fn, lambda v: opt.create_optimizer("adamw", v, 0.01, 4, 0),
+                           model_dir=str(model_dir), train_steps=4, global_batch_size=4,
+                           checkpoint_input_pipeline=False)  # (a py_function cannot be saved)
+    return trainer, dataset_fn
+
+
+def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
+    """A pipeline that takes 0.2 s per batch: the loop's wait for input is that, the rest computing;
+    3 of 8 positions real; examples/s per replica = examples/s on one device."""
+    trainer, dataset_fn = _masked_trainer(tmp_path / "slow", delay=0.2)
+    trainer.train(dataset_fn)
+    events = _events(str(tmp_path / "slow" / "train"))
+    assert set(events["speed/seconds_per_step"]) == {2, 4}  # one point per logged loop
+    assert events["input/real_tokens_per_position"] == {2: 3 / 8, 4: 3 / 8}
+    assert events["speed/examples_per_second_per_replica"] == events["examples_per_second"]
+    step4 = {tag: values[4] for tag, values in events.items()}  # the second loop: no tracing in it
+    # Nothing makes the batch ahead, so each step waits for all of its 0.2 s.
+    assert step4["speed/input_wait_seconds_per_step"] >= 0.19
+    assert step4["speed/input_wait_fraction"] == pytest.approx(
+        step4["speed/input_wait_seconds_per_step"] / step4["speed/seconds_per_step"], rel=1e-5)
+    assert step4["speed/input_wait_seconds_per_step"] + step4["speed/compute_seconds_per_step"] == \
+        pytest.approx(step4["speed/seconds_per_step"], rel=1e-5)
+    # The same run without the delay waits far less (a bound loose enough for a machine shared with others).
+    fast, fast_fn = _masked_trainer(tmp_path / "fast", delay=0)
+    fast.train(fast_fn)
+    fast_wait = _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4]
+    assert fast_wait < step4["speed/input_wait_seconds_per_step"] / 2
+
+
+def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):
+    import os
+
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import metadata
+
+    trainer, _ = _masked_trainer(tmp_path, delay=0, learning_rate=0.003, mixed_precision="float32")
+    trainer.write_hparams({"max_seq_length": 8, "pack_sequences": False, "task": "toy", "odd": (1, 2)})
+    [name] = [n for n in os.listdir(tmp_path) if n.startswith("events.out")]
+    infos = [metadata.parse_session_start_info_plugin_data(v.metadata.plugin_data.content)
+             for e in tf.compat.v1.train.summary_iterator(str(tmp_path / name)) for v in e.summary.value
+             if v.tag == metadata.SESSION_START_INFO_TAG]
+    assert len(infos) == 1
+    values = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in infos[0].hparams.items()}
+    assert values["learning_rate"] == pytest.approx(0.003) and values["optimizer"] == "adamw"
+    assert values["train_batch_size"] == 4 and values["train_steps"] == 4 and values["precision"] == "float32"
+    assert values["max_seq_length"] == 8 and values["pack_sequences"] is False and values["task"] == "toy"
+    assert values["parameters"] == 9 and values["odd"] == "(1, 2)"  # Dense(8 -> 1); other types as text
+    # --overwrite_output_dir removes them with the rest of the run.
+    from bert_tf.training.loop import clear_model_dir
+
+    clear_model_dir(str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("events.out")]
+
+
+def test_profile_steps_capture_exactly_those_steps(tmp_path, caplog):
+    import glob
+    import logging
+
+    caplog.set_level(logging.INFO, "bert_tf.training")
+    trainer, dataset_fn = _masked_trainer(tmp_path, delay=0, profile_steps=(2, 3))
+    trainer.train(dataset_fn)
+    # Loops end at step 1 (before the capture) and 3 (its end), then go on as configured.
+    assert [h["step"] for h in trainer.loop_history] == [1, 3, 4]
+    assert "profiling steps 2-3 into" in caplog.text
+    [trace] = glob.glob(str(tmp_path / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert __import__("os").path.getsize(trace) > 0
+
+
+@pytest.mark.parametrize("steps, message", [((0, 2), "1 <= N <= M"), ((3, 2), "1 <= N <= M")])
+def test_bad_profile_steps_are_one_line(steps, message):
+    from bert_tf.training.loop import TrainSettings
+
+    with pytest.raises(ValueError, match=message):
+        TrainSettings(profile_steps=steps).validate(1, train_steps=4, global_batch_size=4)
