@@ -17,11 +17,12 @@ TEST = [
     "tensorflow-hub==0.16.1",
     "tf-keras==2.20.1",
     "setuptools<81",  # tensorflow-hub 0.16.1 (the latest) imports pkg_resources, which setuptools 81 removed
-    "apache-beam==2.77.0",  # tests/test_beam.py: the Beam pipelines on the local runner (no GCP client needed)
 ]
 # Apache Beam for the data-parallel tools beyond one machine (README "Beyond one machine"); [gcp] brings
-# the Dataflow runner and gs:// file system. Not the [tft] extra: tfx-bsl does not fit TensorFlow 2.20.
+# the Dataflow runner and gs:// file system (without it every run logs a GCS-filesystem warning).
+# Not the [tft] extra: tfx-bsl does not fit TensorFlow 2.20. The tests (tests/test_beam.py) use the same.
 BEAM = ["apache-beam[gcp]==2.77.0"]
+TEST += BEAM
 
 setup(
     name="bert_tf",

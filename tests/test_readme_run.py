@@ -36,7 +36,6 @@ VENV_BIN = pathlib.Path(sys.executable).parent  # `python` in the commands is th
 # {repo} the checkout, {workdir} the working folder, {last_step} the last checkpoint step of `model/`,
 # {null_threshold} the threshold the SQuAD v2.0 run's log recommends.
 SUBSTITUTIONS = [
-    (r"^python (\w+\.py)\b", r"python {repo}/\1", "the scripts are the checkout's; every other path stays relative"),
     (r"--vocab_size=30522\b", "--vocab_size=1000", "a vocab for a 150-line corpus"),
     (r"--size=base\b", "--size=tiny", "2 layers, hidden 128"),
     (r"--dupe_factor=10\b", "--dupe_factor=1", "one masking pass over the corpus"),
@@ -56,6 +55,8 @@ SUBSTITUTIONS = [
     (r"\bmodel/ckpt-10000\b", "model/ckpt-{last_step}", "the last checkpoint the pretraining above wrote"),
     (r"<checkpoint>", "uncased_L-12_H-768_A-12", "the README's placeholder: an original checkpoint's folder"),
     (r"<the value in the log>", "{null_threshold}", "the README's placeholder, read from the log"),
+    # Last, so that no rule above rewrites the checkout's own path (e.g. /tmp/ in a clone under /tmp).
+    (r"^python (\w+\.py)\b", r"python {repo}/\1", "the scripts are the checkout's; every other path stays relative"),
 ]
 
 # A README command that cannot run in the suite: (section, regex found in the command, why).
