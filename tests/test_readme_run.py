@@ -267,7 +267,8 @@ def check_windows(w, out, values):
 
 def check_beam_records(w, out, values):
     shards = sorted((w / "data").glob("train.tfrecord-*-of-00002"))
-    assert len(shards) == 2 and all(f.stat().st_size > 0 for f in shards), list((w / "data").iterdir())
+    # Shards hold whole blocks: this 150-line corpus is one block, so one shard may be empty.
+    assert len(shards) == 2 and sum(f.stat().st_size for f in shards) > 0, list((w / "data").iterdir())
     assert "Traceback" not in out and "ERROR" not in out, out[-3000:]
 
 
