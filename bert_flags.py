@@ -243,7 +243,7 @@ def overwrite_output_dir_if_asked(protected=()):
     for path in (p.strip() for paths in protected if paths for p in paths.split(",")):
         if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
             fail(f"--overwrite_output_dir would delete {path} (inside --output_dir {FLAGS.output_dir})")
-    from bert_tf.training.loop import clear_model_dir
+    from bert_tf.model_dir import clear_model_dir
 
     clear_model_dir(FLAGS.output_dir)
 
@@ -292,8 +292,8 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
 def finetune_settings():
     """Resolves the pretrained model and builds the RunSettings the fine-tuning flags describe."""
     from bert_tf.configs import ConfigError
-    from bert_tf.finetuning import FinetuneError, check_lower_case, resolve_pretrained
-    from bert_tf.runners.common import RunSettings
+    from bert_tf.pretrained import FinetuneError, check_lower_case, resolve_pretrained
+    from bert_tf.runners.settings import RunSettings
     from bert_tf.tokenization import VocabError
 
     if not FLAGS.output_dir:
@@ -363,7 +363,7 @@ def finetune_config_kwargs(settings) -> dict:
 
 def run_and_report(run_fn, cfg, settings) -> None:
     """Runs a fine-tuning `run(cfg)`: one-line errors, SIGTERM exit, --export_dir, the original's eval printout."""
-    from bert_tf.finetuning import FinetuneError
+    from bert_tf.pretrained import FinetuneError
     from bert_tf.tasks import TaskDataError
     from bert_tf.training.loop import TrainingError, TrainingPreempted
 

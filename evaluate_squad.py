@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     if args.version == "1.1":
         print(json.dumps(result))
     elif args.out_file:
-        from bert_tf.configs import write_text_atomic
+        from bert_tf.fileio import write_text_atomic
 
         write_text_atomic(args.out_file, json.dumps(result))
     else:

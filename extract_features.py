@@ -56,13 +56,9 @@ def main(argv):
     beam_args = bert_flags.beam_args(argv, "extract_features.py")
     from bert_tf import checkpoints
     from bert_tf.configs import ConfigError
-    from bert_tf.finetuning import FinetuneError
-    from bert_tf.models.feature_extraction import (
-        ExtractorSettings,
-        parse_layer_combination,
-        read_examples,
-        write_features,
-    )
+    from bert_tf.feature_extraction import ExtractorSettings, read_examples, write_features
+    from bert_tf.models.layer_combination import parse_layer_combination
+    from bert_tf.pretrained import FinetuneError
     from bert_tf.tokenization import VocabError
 
     try:

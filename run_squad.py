@@ -60,7 +60,7 @@ def main(_):
     bert_flags.setup_logging()
     import dataclasses
 
-    from bert_tf.finetuning import FinetuneError
+    from bert_tf.pretrained import FinetuneError
     from bert_tf.runners.squad import run
     from bert_tf.training.loop import TrainingError, TrainingPreempted
 

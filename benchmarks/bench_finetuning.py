@@ -178,10 +178,12 @@ def run_ours(args, padding, precision, xla):
     import tensorflow as tf
 
     from bert_tf.configs import BertConfig
-    from bert_tf.finetuning import Pretrained, arrays_dataset_fn
     from bert_tf.models import BertClassifier, BertEncoder
+    from bert_tf.pretrained import Pretrained
+    from bert_tf.runners.arrays import arrays_dataset_fn
     from bert_tf.runners.classifier import classification_loss
-    from bert_tf.runners.common import RunSettings, make_trainer
+    from bert_tf.runners.common import make_trainer
+    from bert_tf.runners.settings import RunSettings
     from bert_tf.training.loop import TrainSettings, count_parameters
     from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.strategy import get_strategy

@@ -25,8 +25,15 @@ import re
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
+import tensorflow as tf
 
-from bert_tf.configs import BertConfig, ConfigError
+from bert_tf import model_dir
+from bert_tf.configs import BertConfig, ConfigError, expected_casing, read_run_info
+from bert_tf.fileio import write_text_atomic
+from bert_tf.models import heads
+from bert_tf.models.encoder import BertEncoder
+from bert_tf.models.pretrainer import BertPretrainer
+from bert_tf.models.task_models import BertClassifier, BertSpanLabeler
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +58,7 @@ class LoadReport:
 
 
 # ------------------------------------------------------------------ the name map
-def _encoder_of(model):
-    from bert_tf.models.encoder import BertEncoder
+def encoder_of(model):
 
     if isinstance(model, BertEncoder):
         return model
@@ -80,9 +86,8 @@ def tf1_variable_map(model) -> Dict[str, Any]:
     Every head stores its output weights in the original [out, in] layout, so
     values copy across unchanged (no transposes) in both directions.
     """
-    from bert_tf.models import heads
 
-    encoder = _encoder_of(model)
+    encoder = encoder_of(model)
     emb = encoder.embeddings
     names = {
         "bert/embeddings/word_embeddings": emb.word_embeddings.embeddings,
@@ -190,9 +195,7 @@ def _check_encoder_coverage(report: LoadReport, source: str) -> None:
 def resolve_tf1_checkpoint(path: str) -> str:
     """A checkpoint prefix from a prefix or a folder (its latest checkpoint: the `checkpoint` state
     file's, else the highest step: bert_tf.model_dir.latest_checkpoint; else bert_model.ckpt)."""
-    import tensorflow as tf
 
-    from bert_tf import model_dir
 
     if tf.io.gfile.isdir(path):
         path = model_dir.latest_checkpoint(path) or os.path.join(path, "bert_model.ckpt")
@@ -203,13 +206,17 @@ def resolve_tf1_checkpoint(path: str) -> str:
 
 def _reader(path: str):
     """A checkpoint reader for a resolved prefix; unreadable files become a one-line CheckpointError."""
-    import tensorflow as tf
 
     try:
         return tf.train.load_checkpoint(path)
     except (tf.errors.OpError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise CheckpointError(f"{path}: cannot read checkpoint ({first})") from None
+
+
+def variable_names(path: str) -> Dict[str, list]:
+    """Variable name -> shape of the checkpoint at `path` (a prefix, or a folder: its latest checkpoint)."""
+    return _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map()
 
 
 def _is_model_variable(name: str) -> bool:
@@ -238,7 +245,7 @@ def load_tf1_checkpoint(model, ckpt_path: str) -> LoadReport:
     )
     _check_encoder_coverage(report, path)
     values = {n: reader.get_tensor(n) for n in report.loaded}
-    _assign({n: names[n] for n in report.loaded}, values, path, _encoder_of(model).config)
+    _assign({n: names[n] for n in report.loaded}, values, path, encoder_of(model).config)
     return report
 
 
@@ -322,7 +329,7 @@ def load_hf_weights(model, path: str) -> LoadReport:
     as the one built here.
     """
     weights_file, config_file = _hf_files(path)
-    config = _encoder_of(model).config
+    config = encoder_of(model).config
     if config_file:
         hf_config = hf_config_to_bert_config(config_file)
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
@@ -347,7 +354,6 @@ def load_hf_weights(model, path: str) -> LoadReport:
 # ------------------------------------------------------------------ writing
 def _rename_checkpoint_files(tmp_prefix: str, prefix: str) -> None:
     """Moves `<tmp>.data-*` then `<tmp>.index` to `prefix`: the index, written last, marks it complete."""
-    import tensorflow as tf
 
     for data in tf.io.gfile.glob(tmp_prefix + ".data-*"):
         tf.io.gfile.rename(data, prefix + data[len(tmp_prefix) :], overwrite=True)
@@ -360,7 +366,6 @@ def write_tf1_checkpoint(model, path: str, global_step: Optional[int] = None) ->
     `tf.train.load_checkpoint(path)` then reads exactly the original names; the
     original tools (run_classifier.py --init_checkpoint=...) can load it.
     """
-    import tensorflow as tf
 
     names = tf1_variable_map(model)
     tensors = {n: tf.constant(np.asarray(v.numpy(), dtype=np.float32)) for n, v in names.items()}
@@ -383,7 +388,6 @@ def write_tf1_checkpoint(model, path: str, global_step: Optional[int] = None) ->
 
 def write_checkpoint(model, path: str) -> str:
     """Writes our own (TF2 object-based) checkpoint at prefix `path`: tf.train.Checkpoint(model=model)."""
-    import tensorflow as tf
 
     tmp = f"{path}.tmp-{os.getpid()}"
     tf.train.Checkpoint(**{CHECKPOINT_MODEL_KEY: model}).write(tmp)
@@ -398,13 +402,12 @@ def load_checkpoint(model, path: str) -> None:
     has them (a classifier initialised from a pretraining checkpoint keeps its
     fresh head).
     """
-    import tensorflow as tf
 
     path = resolve_tf1_checkpoint(path)
     keys = _reader(path).get_variable_to_shape_map()
     if "_CHECKPOINTABLE_OBJECT_GRAPH" not in keys:
         raise CheckpointError(f"{path}: an original TF1 checkpoint, not ours; use load_tf1_checkpoint")
-    encoder = _encoder_of(model)
+    encoder = encoder_of(model)
     saved_encoder_alone = any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/embeddings/") for k in keys)
     root = encoder if saved_encoder_alone else tf.train.Checkpoint(encoder=encoder)
     try:
@@ -426,9 +429,8 @@ OUTPUT_FORMATS = ("ours", "tf1", "hf")
 
 def _hf_layout(model, label_list=None):
     """(transformers class name, name prefix of the encoder, extra config.json keys) for `model`."""
-    from bert_tf.models import heads
 
-    encoder = _encoder_of(model)
+    encoder = encoder_of(model)
     if encoder.causal:
         raise CheckpointError("a left-to-right (causal) model has no Hugging Face BERT equivalent to write")
     if model is encoder:
@@ -467,7 +469,6 @@ def hf_state_dict(model, prefix: str) -> Dict[str, np.ndarray]:
 
 
 def _write_bytes_atomic(path: str, data: bytes) -> None:
-    import tensorflow as tf
 
     tmp = f"{path}.tmp-{os.getpid()}"
     with tf.io.gfile.GFile(tmp, "wb") as f:
@@ -490,12 +491,10 @@ def write_hf_checkpoint(
     BertForMultipleChoice or BertForQuestionAnswering. Each file goes through a temporary name;
     config.json is written last.
     """
-    import tensorflow as tf
     from safetensors.numpy import save as safetensors_bytes
 
-    from bert_tf.fileio import write_text_atomic
 
-    config = _encoder_of(model).config
+    config = encoder_of(model).config
     architecture, prefix, extra = _hf_layout(model, label_list)
     if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
         raise CheckpointError(f"{folder}: exists and is not a folder (a Hugging Face output is a folder)")
@@ -515,7 +514,6 @@ def write_hf_checkpoint(
 
 
 def _copy_atomic(src: str, dst: str) -> None:
-    import tensorflow as tf
 
     if os.path.abspath(src) == os.path.abspath(dst):
         return
@@ -532,7 +530,7 @@ def detect_format(path: str) -> str:
         os.path.isdir(path) and os.path.exists(os.path.join(path, "model.safetensors"))
     ):
         return "hf"
-    keys = _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map()
+    keys = variable_names(path)
     return "ours" if "_CHECKPOINTABLE_OBJECT_GRAPH" in keys else "tf1"
 
 
@@ -542,7 +540,7 @@ def checkpoint_variable_shapes(path: str, fmt: str) -> Dict[str, list]:
     if fmt == "tf1":
         return {
             n: s
-            for n, s in _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map().items()
+            for n, s in variable_names(path).items()
             if _is_model_variable(n)
         }
     from safetensors import safe_open
@@ -555,7 +553,6 @@ def checkpoint_variable_shapes(path: str, fmt: str) -> Dict[str, list]:
 
 def build_model_for_checkpoint(config: BertConfig, shapes: Mapping[str, list]):
     """The model whose variables cover the checkpoint's heads: pretrainer, classifier, span labeler or encoder."""
-    from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer, BertSpanLabeler
 
     if "cls/predictions/output_bias" in shapes:
         return BertPretrainer(config, use_next_sentence_prediction="cls/seq_relationship/output_weights" in shapes)
@@ -600,7 +597,7 @@ def convert_checkpoint(
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"unknown output format {output_format!r}; expected {', '.join(OUTPUT_FORMATS)}")
     model, bert_config, info = _model_to_convert(input_path, bert_config, input_format)
-    vocab_file = vocab_file or _vocab_beside(input_path)
+    vocab_file = vocab_file or vocab_beside(input_path)
     if output_format == "hf":
         if info.get("causal_attention"):
             raise CheckpointError(f"{input_path}: a left-to-right (causal) model has no Hugging Face BERT equivalent")
@@ -608,7 +605,6 @@ def convert_checkpoint(
         return write_hf_checkpoint(model, output_path, vocab_file, None if casing is None else bool(casing),
                                    info.get("label_list"))
 
-    import tensorflow as tf
 
     folder = os.path.dirname(output_path)
     if folder:
@@ -620,7 +616,6 @@ def convert_checkpoint(
         write_tf1_checkpoint(model, output_path)
     else:
         write_checkpoint(model, output_path)
-    from bert_tf import model_dir
 
     model_dir.write_config(folder, bert_config)
     if vocab_file:
@@ -631,25 +626,22 @@ def convert_checkpoint(
 def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_format: Optional[str]):
     """(model with the input's weights and heads, its BertConfig, facts known about it: do_lower_case,
     label_list, causal_attention)."""
-    from bert_tf.configs import expected_casing, read_run_info
 
     folder = input_path if os.path.isdir(input_path) else os.path.dirname(input_path)
     info = read_run_info(folder) if folder else {}
     if os.path.isdir(input_path) and info.get("task_type") not in (None, "pretraining"):
         # A fine-tuned model dir: its task model, heads and labels as the runners saved them.
-        from bert_tf import model_dir
 
         try:
             model = model_dir.restore(input_path)
         except model_dir.ModelDirError as e:
             raise CheckpointError(str(e)) from None
-        return model, _encoder_of(model).config, info
+        return model, encoder_of(model).config, info
 
     input_format = input_format or detect_format(input_path)
     if bert_config is None:
-        from bert_tf.model_dir import config_path
 
-        beside = config_path(folder)
+        beside = model_dir.config_path(folder)
         if input_format == "hf":
             _, config_file = _hf_files(input_path)
             if config_file is None:
@@ -660,7 +652,7 @@ def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_
         else:
             raise ConfigError(f"{input_path}: a bert_config is needed to read a {input_format} checkpoint")
     if input_format == "ours":
-        keys = _reader(resolve_tf1_checkpoint(input_path)).get_variable_to_shape_map()
+        keys = variable_names(input_path)
         heads = {"masked_lm": "cls/predictions/output_bias", "next_sentence": "cls/seq_relationship/output_weights"}
         shapes = {
             tf1: [] for key, tf1 in heads.items() if any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/{key}/") for k in keys)
@@ -670,13 +662,14 @@ def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_
     model = build_model_for_checkpoint(bert_config, shapes)
     load_pretrained(model, input_path, input_format)
     if "do_lower_case" not in info:
-        casing = _hf_do_lower_case(folder) if input_format == "hf" else expected_casing(input_path)
+        casing = hf_do_lower_case(folder) if input_format == "hf" else expected_casing(input_path)
         if casing is not None:
             info = {**info, "do_lower_case": casing}
     return model, bert_config, info
 
 
-def _hf_do_lower_case(folder: str) -> Optional[bool]:
+def hf_do_lower_case(folder: str) -> Optional[bool]:
+    """The casing a Hugging Face folder's tokenizer_config.json records, or None (no file, no entry)."""
     path = os.path.join(folder, "tokenizer_config.json")
     if not os.path.exists(path):
         return None
@@ -688,70 +681,8 @@ def _hf_do_lower_case(folder: str) -> Optional[bool]:
     return None if value is None else bool(value)
 
 
-def _vocab_beside(path: str) -> Optional[str]:
+def vocab_beside(path: str) -> Optional[str]:
+    """The vocab.txt in a checkpoint's folder (`path` a prefix or the folder), or None."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    from bert_tf.model_dir import vocab_path
-
-    candidate = vocab_path(folder)
+    candidate = model_dir.vocab_path(folder)
     return candidate if os.path.exists(candidate) else None
-
-
-# ------------------------------------------------------------------ continuing pretraining
-# The pretraining heads: attribute of the pretrainer -> (what it is, its original TF1 name prefix).
-PRETRAINING_HEADS = {"masked_lm": ("masked LM", "cls/predictions/"),
-                     "next_sentence": ("next sentence", "cls/seq_relationship/")}
-
-
-def fresh_pretraining_heads(model, path: str, fmt: str, report: Optional[LoadReport]) -> list:
-    """The pretraining heads of `model` (PRETRAINING_HEADS keys) that the checkpoint at `path`, just
-    loaded with `load_pretrained` (which returned `report`), did not hold: they keep their fresh values."""
-    heads = [a for a in PRETRAINING_HEADS if getattr(model, a, None) is not None]
-    if report is not None:
-        return [a for a in heads if any(n.startswith(PRETRAINING_HEADS[a][1]) for n in report.missing)]
-    keys = _reader(resolve_tf1_checkpoint(path)).get_variable_to_shape_map()
-    return [a for a in heads if not any(k.startswith(f"{CHECKPOINT_MODEL_KEY}/{a}/") for k in keys)]
-
-
-def init_new_token_embeddings(model, vocab_file: str, init_checkpoint: str) -> list:
-    """Starts the rows of an extended vocab's new tokens from the checkpoint's own rows.
-
-    `vocab_file` extended by bert_tf.tokenization.vocab_builder.extend_vocab lists its new tokens
-    and the old pieces each replaces (its extension JSON). For each new token the checkpoint was not
-    trained with, the word-embedding row (and the masked-LM output bias, when the model has that
-    head) becomes the mean of the rows of its old pieces. Whether the checkpoint knows a token is
-    read from the vocab.txt beside it: the new token at its id (trained with it: left alone), the
-    replaced [unused] token (initialised), anything else a CheckpointError; with no vocab.txt
-    beside it the checkpoint is taken to hold the base vocab. Returns the ids initialised.
-    """
-    from bert_tf.tokenization import load_vocab, vocab_builder
-
-    try:
-        new_tokens = vocab_builder.read_extension(vocab_file)
-    except vocab_builder.VocabExtensionError as e:
-        raise CheckpointError(str(e)) from None
-    if not new_tokens:
-        return []
-    beside = _vocab_beside(init_checkpoint)
-    known = {i: t for t, i in load_vocab(beside).items()} if beside else None
-    todo = []
-    for t in new_tokens:
-        have = known.get(t.id) if known is not None else t.replaced
-        if have == t.token:
-            continue
-        if have != t.replaced:
-            raise CheckpointError(
-                f"{vocab_file}: id {t.id} is {t.token!r} in place of {t.replaced!r}, but {beside} has {have!r} "
-                "there; the vocab was extended from another vocab than the checkpoint's")
-        todo.append(t)
-    if not todo:
-        return []
-    targets = [_encoder_of(model).embeddings.word_embeddings.embeddings]
-    masked_lm = getattr(model, "masked_lm", None)
-    if masked_lm is not None:
-        targets.append(masked_lm.output_bias)
-    for variable in targets:
-        values = np.array(variable.numpy())
-        for t in todo:
-            values[t.id] = values[list(t.old_piece_ids)].mean(axis=0)
-        variable.assign(values)
-    return [t.id for t in todo]

@@ -18,7 +18,7 @@ import re
 from typing import Any, Mapping, Optional
 
 from bert_tf import fileio
-from bert_tf.fileio import write_text_atomic  # noqa: F401  (re-exported: many modules import it from here)
+from bert_tf.fileio import write_text_atomic
 
 # hidden_act values. "gelu" is the tanh approximation, as in the original's bert_config.json (its
 # `modeling.get_activation` knows gelu, relu, tanh, linear). "gelu_exact" is the erf GELU, what a

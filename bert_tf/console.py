@@ -20,6 +20,8 @@ import os
 import re
 import sys
 
+from bert_tf import fileio
+
 VERBOSE_ENV = "BERT_TF_VERBOSE"
 _TF_PACKAGE = f"{os.sep}tensorflow{os.sep}"
 _APPLIED = []
@@ -66,7 +68,6 @@ def _remote_error_hook(previous):
             path = _remote_path_in(exc.message or "")
         if not path:
             return previous(exc_type, exc, tb)
-        from bert_tf import fileio
 
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "bert_tf"
         print(f"{prog}: error: {fileio.remote_error_message(path, exc)}", file=sys.stderr)

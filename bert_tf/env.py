@@ -27,6 +27,8 @@ import shlex
 import sys
 import tempfile
 
+from bert_tf import __version__, console
+
 # /proc/cpuinfo flag -> the name the report uses.
 ISA_FLAGS = {
     "avx2": "AVX2",
@@ -79,7 +81,6 @@ def versions() -> dict:
     import numpy
     import tensorflow as tf
 
-    from bert_tf import __version__
 
     return {
         "python": platform.python_version(),
@@ -212,8 +213,6 @@ XLA_NOTICES = ("All log messages before absl::InitializeLog()", "Compiled cluste
 def _without_xla_notices():
     """Holds back the process's stderr (file descriptor 2) during the XLA probe, then writes it
     out again less XLA_NOTICES (kept under BERT_TF_VERBOSE=1)."""
-    from bert_tf import console
-
     if console.verbose():
         yield
         return
@@ -240,7 +239,7 @@ def int8_info(onednn: dict) -> dict:
     import tensorflow as tf
 
     try:
-        from bert_tf.serving import quantize
+        from bert_tf.serving import quantize  # lazy: the environment report is TensorFlow-free until asked for int8
 
         with tf.device("/CPU:0"):
             quantize.check_int8_runtime()

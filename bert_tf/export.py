@@ -36,7 +36,9 @@ import tensorflow as tf
 
 from bert_tf import fileio
 from bert_tf import model_dir as model_dir_lib
+from bert_tf.checkpoints import CheckpointError, load_pretrained
 from bert_tf.configs import ConfigError
+from bert_tf.pretrained import FinetuneError, resolve_pretrained
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
@@ -48,6 +50,7 @@ from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import InGraphTokenizer, tokenizer_metadata
 from bert_tf.serving.windows import windowed
 from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LENGTH
+from bert_tf.tokenization import VocabError
 from bert_tf.tokenization.full import load_vocab
 
 # What serves each export type (bert_tf/serving/): "encoder", or a task type's model.
@@ -318,13 +321,9 @@ def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], voc
     export_type "preprocessor": its TF-Hub preprocessor instead (vocab and casing; the weights are not read).
 
     bert_config_file (an original bert_config.json or a Hugging Face config.json) and vocab_file
-    default to the files beside the checkpoint (`finetuning.resolve_pretrained`).
+    default to the files beside the checkpoint (`pretrained.resolve_pretrained`).
     quantize: None (float32) or "int8" (see export_serving_model).
     """
-    from bert_tf.checkpoints import CheckpointError, load_pretrained
-    from bert_tf.finetuning import FinetuneError, resolve_pretrained
-    from bert_tf.tokenization import VocabError
-
     if export_type not in ("encoder", PREPROCESSOR):
         raise ExportError(f"a checkpoint exports an encoder or a {PREPROCESSOR}, not {export_type}; "
                           "use a model_dir for task models")

@@ -15,19 +15,35 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from bert_tf.configs import RUN_INFO_FILE, BertConfig, read_run_info, write_run_info, write_text_atomic
+from bert_tf.configs import RUN_INFO_FILE, BertConfig, read_run_info, write_run_info
+from bert_tf.fileio import write_text_atomic
+from bert_tf.models import (
+    BertClassifier,
+    BertEncoder,
+    BertMultipleChoice,
+    BertPretrainer,
+    BertSpanLabeler,
+    BertTokenClassifier,
+)
+from bert_tf.models.feature_tagger import BiLSTMFeatureTagger
+from bert_tf.models.layer_combination import parse_layer_combination
+
+logger = logging.getLogger("bert_tf.model_dir")
 
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 SIDE_FILES = (CONFIG_FILE, VOCAB_FILE, RUN_INFO_FILE)
 CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default: <model_dir>/ckpt-<step>
 BEST_DIR = "best"
+# TensorBoard runs of a model dir: training and evaluation summaries.
+TRAIN_DIR, EVAL_DIR = "train", "eval"
 
 
 class ModelDirError(ValueError):
@@ -180,8 +196,11 @@ def copy_side_files(source_dir: str, target_dir: str) -> None:
         tf.io.gfile.copy(os.path.join(source_dir, name), os.path.join(target_dir, name), overwrite=True)
 
 
-def check_matches(model_dir: str, task_type: str, **expected) -> None:
-    """Refuses to resume into a model_dir that holds a different task's checkpoints."""
+def check_matches(model_dir: str, task_type: str, config: Optional[BertConfig] = None, **expected) -> None:
+    """Refuses to resume into a model_dir that holds a different task's checkpoints, or (given `config`)
+    checkpoints of another bert_config (check_config). Reads only."""
+    if config is not None:
+        check_config(model_dir, config)
     info = read_run_info(model_dir)
     if not info or not has_checkpoint(model_dir):
         return
@@ -219,26 +238,18 @@ def _labels(info: dict, task_type: str) -> int:
 
 
 def _classifier(encoder, info, skip_padding):
-    from bert_tf.models import BertClassifier
-
     return BertClassifier(encoder, num_labels=_labels(info, "classification"), skip_padding=skip_padding)
 
 
 def _regressor(encoder, info, skip_padding):
-    from bert_tf.models import BertClassifier
-
     return BertClassifier(encoder, num_labels=1, skip_padding=skip_padding)
 
 
 def _span_labeler(encoder, info, skip_padding):
-    from bert_tf.models import BertSpanLabeler
-
     return BertSpanLabeler(encoder)
 
 
 def _multiple_choice(encoder, info, skip_padding):
-    from bert_tf.models import BertMultipleChoice
-
     num_choices = info.get("num_choices")
     if not isinstance(num_choices, int) or num_choices < 2:
         raise ModelDirError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
@@ -249,19 +260,12 @@ def _tagger(encoder, info, skip_padding):
     """BertTokenClassifier; with "feature_based" the BiLSTM on frozen features (run_ner.py --feature_based)."""
     num_labels = _labels(info, "tagging")
     if info.get("feature_based"):
-        from bert_tf.models.feature_extraction import parse_layer_combination
-        from bert_tf.models.feature_tagger import BiLSTMFeatureTagger
-
         layers = parse_layer_combination(info["feature_layers"]).fit(encoder.config.num_hidden_layers)
         return BiLSTMFeatureTagger(encoder, num_labels, layers)
-    from bert_tf.models import BertTokenClassifier
-
     return BertTokenClassifier(encoder, num_labels=num_labels)
 
 
 def _pretrainer(encoder, info, skip_padding):
-    from bert_tf.models import BertPretrainer
-
     return BertPretrainer(encoder.config, encoder=encoder, skip_padding=skip_padding)
 
 
@@ -282,8 +286,6 @@ TASK_TYPES = tuple(TASK_MODELS)
 def build_task_model(config: BertConfig, info: dict, skip_padding: bool = True):
     """The freshly initialised model that `info["task_type"]` names, on a new encoder of `config`
     (causal when info records "causal_attention": a left-to-right --objective=ltr encoder)."""
-    from bert_tf.models import BertEncoder
-
     task_type = info.get("task_type")
     if task_type not in TASK_MODELS:
         raise ModelDirError(f"{RUN_INFO_FILE}: task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
@@ -311,3 +313,31 @@ def restore(model_dir: str, checkpoint: Optional[str] = None):
             raise ModelDirError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({detail})") from None
         raise ModelDirError(f"{path}: cannot be read, {kind} ({detail})") from None
     return model
+
+
+# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries
+# (train/, eval/ and the HParams events in model_dir itself), side files but the vocab, and the
+# fine-tuning runners' best model (bert_tf.model_dir).
+_RUN_FILES = ("checkpoint", f"{CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, BEST_DIR,
+              CONFIG_FILE, RUN_INFO_FILE, "events.out.tfevents.*")
+
+
+def clear_model_dir(model_dir: str) -> list:
+    """Deletes a previous run's checkpoints, summaries and side files from model_dir (what
+    --overwrite_output_dir asks for); other files stay. Returns the removed paths."""
+    removed = []
+    for pattern in _RUN_FILES:
+        for path in tf.io.gfile.glob(os.path.join(model_dir, pattern)):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+            removed.append(path)
+    if removed:
+        logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
+    return removed
+
+
+def write_eval_results(path: str, results: Dict[str, float], ordered: bool = False) -> None:
+    """The original's eval_results.txt: `key = value` lines, sorted (or in the dict's order), written atomically."""
+    write_text_atomic(path, "".join(f"{k} = {results[k]}\n" for k in (results if ordered else sorted(results))))

@@ -1,21 +1,25 @@
-"""A pretrained model and its tokenizer in one call each, for notebooks: the Python path to what the
-fine-tuning scripts do with --init_checkpoint.
+"""Where a run's weights come from: one answer for every script and for notebooks.
 
-    from bert_tf.models import BertClassifier, BertEncoder
-    from bert_tf.pretrained import BertTokenizer
+A starting point is what the scripts' --init_checkpoint takes: an original TF1 checkpoint
+(`.../bert_model.ckpt`, or its folder), a Hugging Face folder or `.safetensors` file, or a bert_tf
+model dir (its latest checkpoint), or nothing (train from scratch).
 
-    model = BertClassifier.from_pretrained(path, num_labels=3)    # or BertEncoder.from_pretrained(path)
+- `resolve_pretrained` finds its config, vocab, casing, format and causal attention (`Pretrained`);
+  `check_lower_case` compares the casing asked for with the recorded one.
+- `load_starting_weights` loads it into a freshly built model by the rules every run starts with
+  (the encoder must match; heads the checkpoint has are loaded, the others start fresh; an extended
+  vocab's new tokens start from their old pieces). Pretraining, fine-tuning and `from_pretrained`
+  call it; bert_tf.checkpoints only reads and writes the formats.
+- For notebooks, a model and its tokenizer in one call each:
+
+    from bert_tf.models import BertClassifier
+    from bert_tf.pretrained import BertTokenizer, from_pretrained
+
+    model = from_pretrained(BertClassifier, path, num_labels=3)    # or from_pretrained(BertEncoder, path)
     tokenizer = BertTokenizer.from_pretrained(path)
     logits = model(tokenizer(["The cat sat.", "A dog ran."], ["It sat.", "It ran."]))  # [2, 3]
 
-`path` is what the scripts' --init_checkpoint takes: an original TF1 checkpoint
-(`.../bert_model.ckpt`, or its folder), a Hugging Face folder or `.safetensors`
-file, or a bert_tf model dir (its latest checkpoint). The script path is reused,
-not repeated: bert_tf.finetuning.resolve_pretrained finds the config, vocab,
-casing, format and causal attention beside the checkpoint, and Pretrained.init_fn
-loads the weights (the encoder must match completely; heads the checkpoint has
-are loaded, the others start fresh). Errors are one line (FinetuneError,
-CheckpointError, ConfigError: all ValueError).
+Errors are one line (FinetuneError, CheckpointError, ConfigError: all ValueError).
 
 The tokenizer is named as Hugging Face's, whose role it plays: strings (and
 pairs) -> the model's input dict, `[CLS] A [SEP] (B [SEP])` with the pair
@@ -23,20 +27,27 @@ truncated as the original (truncate_seq_pair), zero-padded to max_seq_length;
 its word pieces are FullTokenizer's (through FastTokenizer), cased as the
 checkpoint records.
 
-Dimensions: N texts, S max_seq_length.
+Dimensions: N texts, S max_seq_length, V vocab size.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
+import tensorflow as tf
 
-from bert_tf.configs import expected_casing, read_run_info
-from bert_tf.finetuning import FinetuneError, Pretrained, check_lower_case, resolve_pretrained
+from bert_tf import checkpoints, model_dir
+from bert_tf.configs import BertConfig, check_casing, expected_casing, read_run_info
+from bert_tf.models.encoder import BertEncoder
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
+from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab, vocab_builder
 from bert_tf.tokenization.fast import FastTokenizer
+
+logger = logging.getLogger("bert_tf.pretrained")
 
 # The fine-tuning scripts' default --max_seq_length, used when the checkpoint records none.
 DEFAULT_MAX_SEQ_LENGTH = 128
@@ -45,6 +56,215 @@ RETURN_TENSORS = ("np", "tf")
 RELEASED_CHECKPOINT = "bert_model.ckpt"
 
 
+class FinetuneError(ValueError):
+    """A fine-tuning set-up that cannot work (paths, config, vocab)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """Where a fine-tuning run starts: config, vocab, and the weights to load (if any).
+
+    fmt: "tf1" (original bert_model.ckpt), "hf" (Hugging Face folder or
+    .safetensors), "ours" (a bert_tf checkpoint), or None (train from scratch).
+    do_lower_case: what the source records about casing, or None.
+    causal: the encoder attends left to right only (a model pretrained with
+    --objective=ltr, as its bert_tf_info.json records); fine-tuning keeps the mask.
+    """
+
+    config: BertConfig
+    vocab_file: Optional[str]  # None only where no vocab is needed (pretraining reads ids)
+    init_checkpoint: Optional[str]
+    fmt: Optional[str]
+    do_lower_case: Optional[bool]
+    causal: bool = False
+
+    def build_encoder(self):
+        """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
+        return BertEncoder(self.config, causal=self.causal)
+
+    def init_fn(self, model) -> None:
+        """Loads the pretrained encoder (and any matching heads) into a fresh task model."""
+        if not self.init_checkpoint:
+            logger.info("no init_checkpoint: training from random initialisation")
+            return
+        started = load_starting_weights(model, self.init_checkpoint, self.fmt, self.vocab_file)
+        report = started.report
+        if report is not None:
+            logger.info("loaded %d variables from %s (%s); %d left freshly initialised: %s",
+                        len(report.loaded), self.init_checkpoint, self.fmt, len(report.missing),
+                        ", ".join(report.missing[:6]) + (" ..." if len(report.missing) > 6 else ""))
+        else:
+            logger.info("loaded %s (%s)", self.init_checkpoint, self.fmt)
+
+    def tokenizer(self, do_lower_case: bool) -> FastTokenizer:
+        """The fast tokenizer: FullTokenizer's exact output and interface, several times faster."""
+        return FastTokenizer(self.vocab_file, do_lower_case=do_lower_case)
+
+
+def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optional[str] = None,
+                       vocab_file: Optional[str] = None, require_vocab: bool = True) -> Pretrained:
+    """Finds config, vocab and format for `init_checkpoint`, which may be:
+
+    - an original TF1 prefix (`.../bert_model.ckpt`) or the folder holding it: needs `bert_config_file`
+      unless a `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
+    - a Hugging Face folder (config.json, model.safetensors, vocab.txt) or .safetensors file;
+    - a bert_tf model directory (its latest checkpoint and side files: bert_tf.model_dir),
+      or one checkpoint prefix in it;
+    - empty: train from scratch with `bert_config_file` and `vocab_file`.
+    Flags given explicitly win over files found beside the checkpoint.
+    """
+    fmt = None
+    do_lower_case = None
+    causal = False
+    folder = None
+    if init_checkpoint:
+        if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
+            try:  # its latest checkpoint, or an original download's bert_model.ckpt
+                latest = checkpoints.resolve_tf1_checkpoint(init_checkpoint)
+            except checkpoints.CheckpointError:
+                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
+                                    "no bert_model.ckpt, no model.safetensors)") from None
+            folder, init_checkpoint = init_checkpoint, latest
+        try:
+            fmt = checkpoints.detect_format(init_checkpoint)
+        except (checkpoints.CheckpointError, tf.errors.OpError, ValueError) as e:
+            raise FinetuneError(f"{init_checkpoint}: not a readable checkpoint ({str(e).splitlines()[0]})") from None
+        if folder is None:
+            folder = init_checkpoint if os.path.isdir(init_checkpoint) else os.path.dirname(init_checkpoint)
+        info = read_run_info(folder)
+        causal = bool(info.get("causal_attention", False))
+        if "do_lower_case" in info:
+            do_lower_case = bool(info["do_lower_case"])
+        elif fmt == "hf":
+            do_lower_case = checkpoints.hf_do_lower_case(folder)
+
+    if bert_config_file:
+        config = BertConfig.from_json_file(bert_config_file)
+    elif folder and os.path.exists(model_dir.config_path(folder)):
+        config = BertConfig.from_json_file(model_dir.config_path(folder))
+    elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
+        config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
+    else:
+        raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
+
+    if not vocab_file:
+        candidate = model_dir.vocab_path(folder) if folder else None
+        if candidate and os.path.exists(candidate):
+            vocab_file = candidate
+        elif require_vocab:
+            raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
+        else:  # pretraining reads token ids from its records
+            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal)
+    try:
+        check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
+    except VocabError as e:
+        raise FinetuneError(str(e)) from None
+    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal)
+
+
+def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:
+    """One clear error when --do_lower_case disagrees with what the checkpoint records or its name says."""
+    if pretrained.do_lower_case is not None and pretrained.do_lower_case != bool(do_lower_case):
+        msg = (f"do_lower_case={bool(do_lower_case)} but {pretrained.init_checkpoint} was trained with "
+               f"do_lower_case={pretrained.do_lower_case}")
+        if not allow_mismatch:
+            raise FinetuneError(msg + f"; pass --do_lower_case={pretrained.do_lower_case}")
+        logger.warning(msg)
+        return
+    if pretrained.init_checkpoint:
+        warning = check_casing(do_lower_case, pretrained.init_checkpoint, allow_mismatch=allow_mismatch)
+        if warning:
+            logger.warning(warning)
+
+
+# ------------------------------------------------------------------ loading
+# The pretraining heads: attribute of the pretrainer -> (what it is, its original TF1 name prefix).
+PRETRAINING_HEADS = {"masked_lm": ("masked LM", "cls/predictions/"),
+                     "next_sentence": ("next sentence", "cls/seq_relationship/")}
+
+
+def fresh_pretraining_heads(model, path: str, fmt: str, report: Optional[checkpoints.LoadReport]) -> list:
+    """The pretraining heads of `model` (PRETRAINING_HEADS keys) that the checkpoint at `path`, just
+    loaded with `load_pretrained` (which returned `report`), did not hold: they keep their fresh values."""
+    heads = [a for a in PRETRAINING_HEADS if getattr(model, a, None) is not None]
+    if not heads:
+        return []
+    if report is not None:
+        return [a for a in heads if any(n.startswith(PRETRAINING_HEADS[a][1]) for n in report.missing)]
+    keys = checkpoints.variable_names(path)
+    return [a for a in heads if not any(k.startswith(f"{checkpoints.CHECKPOINT_MODEL_KEY}/{a}/") for k in keys)]
+
+
+def init_new_token_embeddings(model, vocab_file: str, init_checkpoint: str) -> list:
+    """Starts the rows of an extended vocab's new tokens from the checkpoint's own rows.
+
+    `vocab_file` extended by bert_tf.tokenization.vocab_builder.extend_vocab lists its new tokens
+    and the old pieces each replaces (its extension JSON). For each new token the checkpoint was not
+    trained with, the word-embedding row (and the masked-LM output bias, when the model has that
+    head) becomes the mean of the rows of its old pieces. Whether the checkpoint knows a token is
+    read from the vocab.txt beside it: the new token at its id (trained with it: left alone), the
+    replaced [unused] token (initialised), anything else a CheckpointError; with no vocab.txt
+    beside it the checkpoint is taken to hold the base vocab. Returns the ids initialised.
+    """
+    try:
+        new_tokens = vocab_builder.read_extension(vocab_file)
+    except vocab_builder.VocabExtensionError as e:
+        raise checkpoints.CheckpointError(str(e)) from None
+    if not new_tokens:
+        return []
+    beside = checkpoints.vocab_beside(init_checkpoint)
+    known = {i: t for t, i in load_vocab(beside).items()} if beside else None
+    todo = []
+    for t in new_tokens:
+        have = known.get(t.id) if known is not None else t.replaced
+        if have == t.token:
+            continue
+        if have != t.replaced:
+            raise checkpoints.CheckpointError(
+                f"{vocab_file}: id {t.id} is {t.token!r} in place of {t.replaced!r}, but {beside} has {have!r} "
+                "there; the vocab was extended from another vocab than the checkpoint's")
+        todo.append(t)
+    if not todo:
+        return []
+    targets = [checkpoints.encoder_of(model).embeddings.word_embeddings.embeddings]
+    masked_lm = getattr(model, "masked_lm", None)
+    if masked_lm is not None:
+        targets.append(masked_lm.output_bias)
+    for variable in targets:
+        values = np.array(variable.numpy())
+        for t in todo:
+            values[t.id] = values[list(t.old_piece_ids)].mean(axis=0)
+        variable.assign(values)
+    return [t.id for t in todo]
+
+
+@dataclasses.dataclass(frozen=True)
+class StartingWeights:
+    """What load_starting_weights did: `report` of a TF1 or Hugging Face load (None for ours),
+    the pretraining heads that start fresh, and the new-token ids initialised."""
+
+    fmt: str
+    report: Optional[checkpoints.LoadReport]
+    fresh_heads: List[str]
+    new_token_ids: List[int]
+
+
+def load_starting_weights(model, init_checkpoint: str, fmt: Optional[str] = None,
+                          vocab_file: Optional[str] = None) -> StartingWeights:
+    """Loads the checkpoint into a freshly built `model` by the rules every run starts with: the encoder
+    must match completely; heads the checkpoint holds are loaded and the others start fresh; the rows
+    of an extended vocab's new tokens start from their old pieces (init_new_token_embeddings)."""
+    fmt = fmt or checkpoints.detect_format(init_checkpoint)
+    report = checkpoints.load_pretrained(model, init_checkpoint, fmt)
+    fresh = fresh_pretraining_heads(model, init_checkpoint, fmt, report)
+    new_ids = init_new_token_embeddings(model, vocab_file, init_checkpoint) if vocab_file else []
+    if new_ids:
+        logger.info("%d new tokens of %s start from the mean embedding of their old wordpieces", len(new_ids),
+                    vocab_file)
+    return StartingWeights(fmt, report, fresh, new_ids)
+
+
+# ------------------------------------------------------------------ for notebooks
 def resolve(path: str, bert_config_file: Optional[str] = None, vocab_file: Optional[str] = None) -> Pretrained:
     """resolve_pretrained for a checkpoint that must exist (an empty path would mean "from scratch")."""
     if not path:
@@ -64,13 +284,11 @@ def from_pretrained(model_class, path: str, *, bert_config_file: Optional[str] =
     checkpoint whose heads fit the model (a fine-tuned classifier's model dir and the same num_labels)
     loads them too; a head of another shape is a one-line CheckpointError.
     """
-    from bert_tf.models.encoder import BertEncoder
-
     pretrained = resolve(path, bert_config_file, vocab_file)
     encoder = pretrained.build_encoder()
     if issubclass(model_class, BertEncoder):
         if model_kwargs:
-            raise TypeError(f"BertEncoder.from_pretrained: unexpected argument(s) {', '.join(sorted(model_kwargs))}")
+            raise TypeError(f"from_pretrained(BertEncoder, ...): unexpected argument(s) {', '.join(sorted(model_kwargs))}")
         model = encoder
     else:
         model = model_class(encoder, **model_kwargs)
@@ -145,8 +363,6 @@ class BertTokenizer:
             features["input_mask"][i, :len(input_ids)] = 1
             features["segment_ids"][i, :len(segment_ids)] = segment_ids
         if return_tensors == "tf":
-            import tensorflow as tf
-
             return {name: tf.constant(value) for name, value in features.items()}
         return features
 

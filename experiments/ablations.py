@@ -69,7 +69,7 @@ logger = logging.getLogger("ablations")
 
 # ------------------------------------------------------------------ files
 def write_tsv(path, header, rows):
-    from bert_tf.configs import write_text_atomic
+    from bert_tf.fileio import write_text_atomic
 
     def clean(x):
         return str(x).replace("\t", " ").replace("\n", " ")
@@ -80,8 +80,8 @@ def write_tsv(path, header, rows):
 # ------------------------------------------------------------------ steps
 def build_data(out, corpus, sizes, seed):
     """Vocab, pretraining TFRecords and the generated tasks under out/data; returns their paths."""
-    from bert_tf.configs import write_text_atomic
     from bert_tf.data import pretraining_job
+    from bert_tf.fileio import write_text_atomic
     from bert_tf.resources import TESTAMENT_TASK
     from bert_tf.tasks.corpus_tasks import next_verse_pairs, read_chapters, split_chapters, squad_json, word_questions
     from bert_tf.tokenization import vocab_builder
@@ -160,7 +160,7 @@ def pretrain(out, objective, data, sizes, seed, strategy):
 def finetune(task, out_dir, pretrained, data, sizes, seed, strategy):
     """Fine-tunes one model on one task; returns {metric: value}."""
     from bert_tf.runners import classifier, squad
-    from bert_tf.runners.common import RunSettings
+    from bert_tf.runners.settings import RunSettings
     from bert_tf.tasks import glue
     from bert_tf.training.loop import TrainSettings
 
@@ -204,7 +204,7 @@ def write_csv(out, rows):
 
 def write_outputs(out, rows, pretraining_results, info):
     """results.csv (all runs), results.md (final checkpoints) and the Figure-5 plot."""
-    from bert_tf.configs import write_text_atomic
+    from bert_tf.fileio import write_text_atomic
 
     write_csv(out, rows)
 
@@ -282,7 +282,7 @@ def main(_):
     for name in ("bert_tf.training", "bert_tf.finetuning", "bert_tf.classifier", "bert_tf.squad",
                  "bert_tf.runners", "bert_tf.pretraining", "bert_tf.data"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per run from here instead
-    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.pretrained import resolve_pretrained
     from bert_tf.resources import SAMPLE_CORPUS
     from bert_tf.training.pretraining import OBJECTIVES
     from bert_tf.training.strategy import get_strategy
@@ -333,7 +333,7 @@ def main(_):
                 out_dir = os.path.join(out, "finetuned", f"{objective}_{step}_{task}")
                 record(objective, step, task, finetune(task, out_dir, pretrained, data, sizes, FLAGS.seed, strategy))
     # No pretraining: the same model from random initialisation (bidirectional).
-    from bert_tf.finetuning import Pretrained
+    from bert_tf.pretrained import Pretrained
 
     scratch = Pretrained(base_config, data["vocab_file"], None, None, True)
     for task in FLAGS.tasks:

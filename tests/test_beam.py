@@ -209,8 +209,8 @@ def test_predict_beam_rows_are_the_single_process_rows(classifier_export, tmp_pa
 def test_extract_features_beam_lines_are_the_single_process_lines(tmp_path):
     from bert_tf.checkpoints import write_tf1_checkpoint
     from bert_tf.configs import BertConfig
+    from bert_tf.feature_extraction import ExtractorSettings, read_examples, write_features
     from bert_tf.models import BertEncoder
-    from bert_tf.models.feature_extraction import ExtractorSettings, read_examples, write_features
 
     config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=16, max_position_embeddings=32)

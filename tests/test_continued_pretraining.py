@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import checkpoints
+from bert_tf import checkpoints, pretrained
 from bert_tf.configs import BertConfig
 from bert_tf.data import pretraining_job, schema
 from bert_tf.models import BertEncoder, BertPretrainer
@@ -140,7 +140,7 @@ def test_each_checkpoint_kind_loads_into_the_pretrainer(setup, kind, tmp_path, c
         source.update(_values(mlm_only))
         assert not np.array_equal(source["bert/embeddings/word_embeddings"],
                                   _values(setup["source"])["bert/embeddings/word_embeddings"])
-    fresh_prefixes = tuple(p for label, p in checkpoints.PRETRAINING_HEADS.values() if f"{label} ({p}*)" in fresh)
+    fresh_prefixes = tuple(p for label, p in pretrained.PRETRAINING_HEADS.values() if f"{label} ({p}*)" in fresh)
     for name, value in got.items():
         if name.startswith(fresh_prefixes):
             assert not np.allclose(value, source[name]), name  # a fresh head, not the source's
@@ -207,18 +207,18 @@ def test_a_checkpoint_that_knows_the_new_tokens_keeps_their_rows(setup, tmp_path
     tf.io.gfile.copy(setup["ext_vocab"], str(folder / "vocab.txt"))
     model = BertPretrainer(setup["config"])
     checkpoints.load_pretrained(model, prefix)
-    assert checkpoints.init_new_token_embeddings(model, setup["ext_vocab"], prefix) == []
+    assert pretrained.init_new_token_embeddings(model, setup["ext_vocab"], prefix) == []
     np.testing.assert_array_equal(model.encoder.embeddings.word_embeddings.embeddings.numpy(),
                                   setup["source"].encoder.embeddings.word_embeddings.embeddings.numpy())
     wrong = list(setup["base"])
     wrong[setup["new_tokens"][0].id] = "something"
     vocab_builder.write_vocab(str(folder / "vocab.txt"), wrong)
     with pytest.raises(checkpoints.CheckpointError, match="extended from another vocab than the checkpoint's"):
-        checkpoints.init_new_token_embeddings(model, setup["ext_vocab"], prefix)
+        pretrained.init_new_token_embeddings(model, setup["ext_vocab"], prefix)
 
 
 def test_the_extended_vocab_initialises_fine_tuning_too(setup):
-    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.pretrained import resolve_pretrained
 
     pretrained = resolve_pretrained(setup["kinds"]["tf1_encoder"], vocab_file=setup["ext_vocab"])
     encoder = BertEncoder(setup["config"])

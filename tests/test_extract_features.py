@@ -7,8 +7,8 @@ import pytest
 from conftest import TINY_VOCAB, run_script_main
 
 from bert_tf.configs import BertConfig
+from bert_tf.feature_extraction import encode_example, extract_features, read_examples
 from bert_tf.models import BertEncoder
-from bert_tf.models.feature_extraction import encode_example, extract_features, read_examples
 from bert_tf.tokenization import FullTokenizer
 
 CONFIG = BertConfig(

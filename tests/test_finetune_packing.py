@@ -191,7 +191,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 sys.path.insert(0, sys.argv[1])
 from test_finetune_packing import CONFIG, _examples
 from bert_tf.data.packing import pack_examples
-from bert_tf.finetuning import Predictor
+from bert_tf.runners.arrays import Predictor
 from bert_tf.models import BertClassifier, BertEncoder
 from bert_tf.runners.common import PACKED_INPUTS
 

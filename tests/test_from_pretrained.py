@@ -9,9 +9,8 @@ from conftest import shared_path
 
 from bert_tf import checkpoints, model_dir
 from bert_tf.configs import BertConfig
-from bert_tf.finetuning import FinetuneError, resolve_pretrained
 from bert_tf.models import BertClassifier, BertEncoder, BertMultipleChoice, BertPretrainer
-from bert_tf.pretrained import BertTokenizer
+from bert_tf.pretrained import BertTokenizer, FinetuneError, from_pretrained, resolve_pretrained
 from bert_tf.tasks.glue import InputExample, convert_examples_to_features
 from bert_tf.tokenization import FullTokenizer
 
@@ -93,10 +92,10 @@ def test_original_tf1_checkpoint():
     x = tokenizer(texts, pairs)
     np.testing.assert_array_equal(x["input_ids"], features(str(folder / "vocab.txt"), True, 16, texts, pairs)["input_ids"])
     expected = reference.encoder(x)
-    encoder = BertEncoder.from_pretrained(folder)
+    encoder = from_pretrained(BertEncoder, folder)
     for key in ("sequence_output", "pooled_output"):
         np.testing.assert_array_equal(encoder(x)[key], expected[key])
-    model = BertClassifier.from_pretrained(prefix, num_labels=3, skip_padding=False)
+    model = from_pretrained(BertClassifier, prefix, num_labels=3, skip_padding=False)
     assert model.num_labels == 3 and not model.skip_padding
     np.testing.assert_array_equal(model.encoder(x)["pooled_output"], expected["pooled_output"])
     assert model(x).shape == (2, 3)
@@ -105,13 +104,13 @@ def test_original_tf1_checkpoint():
 def test_hugging_face_folder(tmp_path, classifier, vocab_file):
     folder = checkpoints.write_hf_checkpoint(classifier, str(tmp_path / "hf"), vocab_file, do_lower_case=False,
                                              label_list=["no", "yes"])
-    model = BertClassifier.from_pretrained(folder, num_labels=2)
+    model = from_pretrained(BertClassifier, folder, num_labels=2)
     tokenizer = BertTokenizer.from_pretrained(folder, max_seq_length=10)
     assert tokenizer.do_lower_case is False  # tokenizer_config.json
     x = tokenizer(TEXTS, PAIRS)
     np.testing.assert_array_equal(x["input_ids"], features(vocab_file, False, 10)["input_ids"])
     np.testing.assert_allclose(model(x), classifier(x), atol=1e-6)  # the head came along
-    encoder = BertEncoder.from_pretrained(str(tmp_path / "hf" / "model.safetensors"))
+    encoder = from_pretrained(BertEncoder, str(tmp_path / "hf" / "model.safetensors"))
     np.testing.assert_allclose(encoder(x)["pooled_output"], classifier.encoder(x)["pooled_output"], atol=1e-6)
 
 
@@ -130,11 +129,11 @@ def test_bert_tf_model_dir(tmp_path, classifier, vocab_file):
     assert tokenizer.do_lower_case is True and tokenizer.max_seq_length == 11  # bert_tf_info.json
     x = tokenizer(TEXTS, PAIRS)
     reference = model_dir.restore(folder)  # the existing path of predict.py and the export
-    model = BertClassifier.from_pretrained(folder, num_labels=2)
+    model = from_pretrained(BertClassifier, folder, num_labels=2)
     np.testing.assert_array_equal(model(x), reference(x))
     np.testing.assert_array_equal(model(x), classifier(x))
     with pytest.raises(checkpoints.CheckpointError, match="does not match the model built from bert_config") as error:
-        BertClassifier.from_pretrained(folder, num_labels=3)  # the saved head has 2 labels
+        from_pretrained(BertClassifier, folder, num_labels=3)  # the saved head has 2 labels
     assert "\n" not in str(error.value)
     with pytest.raises(FinetuneError, match="do_lower_case=False but .* do_lower_case=True"):
         BertTokenizer.from_pretrained(folder, do_lower_case=False)
@@ -145,7 +144,7 @@ def test_causal_model_dir_gives_a_causal_model(tmp_path, vocab_file):
     randomize(source, seed=1)
     folder = write_model_dir(source, tmp_path / "ltr", vocab_file, do_lower_case=True, max_seq_length=8,
                              task_type="multiple_choice", num_choices=2, causal=True)
-    model = BertMultipleChoice.from_pretrained(folder, num_choices=2)
+    model = from_pretrained(BertMultipleChoice, folder, num_choices=2)
     assert model.encoder.causal
     tokenizer = BertTokenizer.from_pretrained(folder)
     flat = tokenizer(["the cat", "the cat", "a dog", "a dog"], ["sat", "ran", "ran far", "sat on"])
@@ -155,10 +154,10 @@ def test_causal_model_dir_gives_a_causal_model(tmp_path, vocab_file):
 
 def test_errors_are_one_line(tmp_path, vocab_file):
     with pytest.raises(FinetuneError, match="nope: not a readable checkpoint") as error:
-        BertEncoder.from_pretrained(str(tmp_path / "nope"))
+        from_pretrained(BertEncoder, str(tmp_path / "nope"))
     assert "\n" not in str(error.value)
     with pytest.raises(FinetuneError, match="a folder with no checkpoint"):
-        BertClassifier.from_pretrained(str(tmp_path), num_labels=2)
+        from_pretrained(BertClassifier, str(tmp_path), num_labels=2)
     with pytest.raises(FinetuneError, match="needs a checkpoint path"):
         BertTokenizer.from_pretrained("")
     source = BertEncoder(TINY)
@@ -169,9 +168,9 @@ def test_errors_are_one_line(tmp_path, vocab_file):
     TINY.replace(intermediate_size=12).to_json_file(str(wider))
     with pytest.raises(checkpoints.CheckpointError,
                        match=r"intermediate/dense/\w+ has shape \[16\] in the checkpoint but \[12\]") as error:
-        BertEncoder.from_pretrained(prefix, bert_config_file=str(wider))  # config mismatch
+        from_pretrained(BertEncoder, prefix, bert_config_file=str(wider))  # config mismatch
     assert "\n" not in str(error.value)
     with pytest.raises(TypeError, match="unexpected argument.*num_labels"):
-        BertEncoder.from_pretrained(prefix, num_labels=2)
+        from_pretrained(BertEncoder, prefix, num_labels=2)
     with pytest.raises(FinetuneError, match="max_seq_length 64 exceeds max_position_embeddings 16"):
         BertTokenizer.from_pretrained(prefix, max_seq_length=64)

@@ -233,7 +233,7 @@ def test_submission_and_result_files(tmp_path):
     with pytest.raises(ValueError, match="1 predictions for 2 examples"):
         glue.glue_submission_text(mnli, examples, [0])
     assert glue.test_results_text([[0.25, 0.75], [1.0, 0.0]]) == "0.25\t0.75\n1.0\t0.0\n"
-    from bert_tf.training.loop import write_eval_results
+    from bert_tf.model_dir import write_eval_results
 
     write_eval_results(str(tmp_path / "eval_results.txt"), {"eval_loss": 0.5, "eval_accuracy": 0.75})
     assert (tmp_path / "eval_results.txt").read_text() == "eval_accuracy = 0.75\neval_loss = 0.5\n"

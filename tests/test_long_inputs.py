@@ -32,7 +32,7 @@ def tokenizer(tiny_model):
 
 
 def _settings(tiny_model, learning_rate=1e-3):
-    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.pretrained import resolve_pretrained
     from bert_tf.runners.common import RunSettings
     from bert_tf.training.loop import TrainSettings
     from bert_tf.training.strategy import get_strategy

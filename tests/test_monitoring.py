@@ -141,7 +141,7 @@ def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):
     assert values["max_seq_length"] == 8 and values["pack_sequences"] is False and values["task"] == "toy"
     assert values["parameters"] == 9 and values["odd"] == "(1, 2)"  # Dense(8 -> 1); other types as text
     # --overwrite_output_dir removes them with the rest of the run.
-    from bert_tf.training.loop import clear_model_dir
+    from bert_tf.model_dir import clear_model_dir
 
     clear_model_dir(str(tmp_path))
     assert not [n for n in os.listdir(tmp_path) if n.startswith("events.out")]

@@ -11,17 +11,12 @@ import tensorflow as tf
 
 from bert_tf.configs import BertConfig, read_run_info
 from bert_tf.data import pretraining_job
-from bert_tf.finetuning import resolve_pretrained
+from bert_tf.feature_extraction import extract_features
 from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer
-from bert_tf.models.feature_extraction import (
-    LayerCombination,
-    ScalarMix,
-    combine_layers,
-    extract_features,
-    parse_layer_combination,
-)
 from bert_tf.models.feature_tagger import BiLSTMFeatureTagger
 from bert_tf.models.language_model import LeftToRightPretrainer, next_token_targets, unmask_input_ids
+from bert_tf.models.layer_combination import LayerCombination, ScalarMix, combine_layers, parse_layer_combination
+from bert_tf.pretrained import resolve_pretrained
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.runners.ner import tagging_loss
@@ -338,7 +333,7 @@ def test_random_masking_only_touches_real_non_special_tokens():
 
 
 def test_aux_lm_weight_must_not_be_negative(tmp_path):
-    from bert_tf.finetuning import Pretrained
+    from bert_tf.pretrained import Pretrained
     from bert_tf.runners import common
 
     vocab = tmp_path / "vocab.txt"

@@ -64,7 +64,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def settings(tiny_model):
     """RunSettings for in-process runs (the script's finetune_settings without flags)."""
-    from bert_tf.finetuning import resolve_pretrained
+    from bert_tf.pretrained import resolve_pretrained
     from bert_tf.runners.common import RunSettings
     from bert_tf.training.loop import TrainSettings
     from bert_tf.training.strategy import get_strategy

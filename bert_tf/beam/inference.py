@@ -86,6 +86,7 @@ class _LoadPredictor:
         self.export_dir = export_dir
 
     def __call__(self):
+        # lazy: runs on the worker; the launcher builds the pipeline without loading TensorFlow
         from bert_tf.serving.predictor import Predictor
 
         return Predictor(self.export_dir, batch_size=1 << 30)  # the handler cuts the batches
@@ -146,7 +147,7 @@ def run_predict(export_dir: str, input_pattern: str, output_file: str, batch_siz
                 num_output_shards: int = 1, beam_args: Sequence[str] = (), runner: Optional[str] = None,
                 num_workers: int = 0):
     """predict.py --format=json on Beam: JSONL shards of its rows."""
-    from bert_tf.serving import predictor
+    from bert_tf.serving import predictor  # lazy: only this job's launcher needs the predictor's TensorFlow
 
     try:
         predictor.check_export(export_dir)
@@ -159,7 +160,7 @@ def run_predict(export_dir: str, input_pattern: str, output_file: str, batch_siz
 def run_features(settings, input_pattern: str, output_file: str, batch_size: int = 32, num_output_shards: int = 1,
                  beam_args: Sequence[str] = (), runner: Optional[str] = None, num_workers: int = 0):
     """extract_features.py on Beam (settings: feature_extraction.ExtractorSettings): JSONL shards of its lines."""
-    from bert_tf.models import feature_extraction
+    from bert_tf import feature_extraction  # lazy: only this job's launcher needs the extractor's TensorFlow
 
     return run_inference(_LoadExtractor(settings), feature_extraction.iter_examples, input_pattern, output_file,
                          batch_size, num_output_shards, beam_args, runner, num_workers)

@@ -37,6 +37,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from bert_tf.data import pipelines
+
 # At most this many sequences share a row. Each costs one [CLS] query and one prediction slot
 # in the last block (2 of 512 positions of one of L blocks) and one next-sentence slot, so the
 # bound is set by what it buys. KJV records at seq 512, buffer 2048 (tests/test_packing.py, docs/design.md):
@@ -253,8 +255,6 @@ def packed_pretraining_dataset(files, max_seq_length: int, max_predictions_per_s
     packs them `buffer_size` at a time, and (training) shuffles the packed rows. Evaluation
     reads every record once and keeps every instance (the last batch filled with empty rows).
     """
-    from bert_tf.data import pipelines
-
     buffers = pipelines.pretraining_dataset(
         files, max_seq_length, max_predictions_per_seq, buffer_size, is_training, input_context=input_context,
         seed=seed, skip_corrupt_records=skip_corrupt_records, drop_remainder=is_training)

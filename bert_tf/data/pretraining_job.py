@@ -32,8 +32,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from bert_tf import fileio
+from bert_tf import fileio, tokenization
 from bert_tf.data import pretraining, schema, text_input
+from bert_tf.tokenization import VocabError, check_special_tokens, load_vocab
 
 logger = logging.getLogger("bert_tf.data")
 
@@ -80,8 +81,6 @@ class PretrainingDataConfig:
 # ------------------------------------------------------------------ vocab and tokenizer
 def read_vocab(vocab_file: str) -> Dict[str, int]:
     """token -> id (the original's rules) with the tokens the data tool needs; one-line errors."""
-    from bert_tf.tokenization import VocabError, check_special_tokens, load_vocab
-
     try:
         vocab = load_vocab(vocab_file)
         check_special_tokens(vocab, vocab_file, REQUIRED_TOKENS)
@@ -92,8 +91,6 @@ def read_vocab(vocab_file: str) -> Dict[str, int]:
 
 def make_tokenizer(vocab_file: str, do_lower_case: bool, strip_accents: Optional[bool]):
     """The fast batch tokenizer (exactly FullTokenizer's output); FullTokenizer if the fast one is absent."""
-    from bert_tf import tokenization
-
     try:
         cls = tokenization.FastTokenizer
     except (AttributeError, ImportError):  # the fast path is optional

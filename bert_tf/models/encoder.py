@@ -217,13 +217,6 @@ class BertEncoder(keras.Model):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
                    causal=config.get("causal", False), dtype=config.get("dtype"))
 
-    @classmethod
-    def from_pretrained(cls, path: str, **kwargs) -> "BertEncoder":
-        """The encoder of an original TF1 checkpoint, a Hugging Face folder or a bert_tf model dir, with its
-        weights: bert_tf.pretrained.from_pretrained (which documents `kwargs`)."""
-        from bert_tf.pretrained import from_pretrained
-
-        return from_pretrained(cls, path, **kwargs)
 
     @property
     def blocks(self):

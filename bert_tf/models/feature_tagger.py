@@ -15,8 +15,8 @@ import keras
 from keras import ops
 
 from bert_tf.models.encoder import BertEncoder
-from bert_tf.models.feature_extraction import LayerCombination, ScalarMix, combine_layers, parse_layer_combination
 from bert_tf.models.heads import HEAD_DTYPE, TokenTaggingHead
+from bert_tf.models.layer_combination import LayerCombination, ScalarMix, combine_layers, parse_layer_combination
 
 # The paper's best feature combination for CoNLL-2003 NER (Table 7).
 DEFAULT_FEATURE_LAYERS = "concat_last:4"

@@ -13,8 +13,8 @@ are its unpacked ones.
 
 Every model saves as Keras does (`model.save("x.keras")`, `keras.models.load_model`):
 its config nests its encoder's (`keras.saving.serialize_keras_object`) and the
-weights follow. `from_pretrained(path, ...)` builds one on the encoder of an
-original, Hugging Face or bert_tf checkpoint (bert_tf.pretrained).
+weights follow. `bert_tf.pretrained.from_pretrained(BertClassifier, path, ...)` builds one on the
+encoder of an original, Hugging Face or bert_tf checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bert_tf.models.heads import ClassificationHead, MultipleChoiceHead, SpanHea
 
 
 class _EncoderModel:
-    """get_config / from_config / from_pretrained of a model built as cls(encoder, **fields): the config holds
+    """get_config / from_config of a model built as cls(encoder, **fields): the config holds
     the encoder's serialized config, the model's name and its `_CONFIG_FIELDS`. A mixin placed before
     keras.Model in the bases (Keras' own get_config of a subclassed model cannot serialize an encoder)."""
 
@@ -44,14 +44,6 @@ class _EncoderModel:
         encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
         return cls(encoder, **config)
 
-    @classmethod
-    def from_pretrained(cls, path: str, **kwargs):
-        """This model on the pretrained encoder (and any heads the checkpoint has) at `path`: an original
-        TF1 checkpoint, a Hugging Face folder or .safetensors file, or a bert_tf model dir.
-        bert_tf.pretrained.from_pretrained; `kwargs` are the model's (num_labels=3, ...) and its own."""
-        from bert_tf.pretrained import from_pretrained
-
-        return from_pretrained(cls, path, **kwargs)
 
 
 class _PooledModel(keras.Model):

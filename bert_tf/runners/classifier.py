@@ -23,8 +23,8 @@ from typing import Dict
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.configs import write_text_atomic
-from bert_tf.finetuning import FinetuneError
+from bert_tf.fileio import write_text_atomic
+from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tasks import glue

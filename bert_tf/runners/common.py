@@ -1,7 +1,7 @@
 """The one fine-tuning run: `run_finetuning(task, cfg)` walks every task through the same steps.
 
   1. check the request (something to do, a length the model holds) and that output_dir holds
-     no other task's run (bert_tf.model_dir.check_matches);
+     no other task's run nor another bert_config's (bert_tf.model_dir.check_matches);
   2. read and featurize every split asked for, before anything is written;
   3. build the Trainer (training/loop.py) on the task model of bert_tf.model_dir.TASK_MODELS,
      starting from the pretrained weights, resuming from output_dir's checkpoints;
@@ -18,7 +18,6 @@ Dimensions: N examples, C choices, L labels.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Callable, Dict, Optional, Tuple
@@ -26,37 +25,22 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import finetuning, model_dir
-from bert_tf.data.packing import FINETUNE_MAX_SEQUENCES_PER_ROW, pack_examples
-from bert_tf.finetuning import FinetuneError, Pretrained
+from bert_tf import model_dir
+from bert_tf.data.packing import pack_examples
+from bert_tf.model_dir import EVAL_DIR, write_eval_results
 from bert_tf.models.encoder import PACKED_INPUT_NAMES
+from bert_tf.pretrained import FinetuneError
+from bert_tf.runners import arrays
+from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
-from bert_tf.training.loop import EVAL_DIR, Trainer, TrainSettings, write_eval_results
+from bert_tf.tokenization import load_vocab
+from bert_tf.training.auxiliary_lm import with_auxiliary_lm
+from bert_tf.training.loop import Trainer
 
 logger = logging.getLogger("bert_tf.runners")
 
 BEST_RESULTS = "best_eval_results.txt"
 PACKED_INPUTS = PACKED_INPUT_NAMES + ("cls_positions",)  # what a packed task model reads
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """What every fine-tuning run starts from and how it trains; the task's own settings live in its run config.
-
-    train: how to train, the same type (and flags, bert_flags.train_settings) as pretraining.
-    """
-
-    pretrained: Pretrained
-    strategy: tf.distribute.Strategy
-    train: TrainSettings = TrainSettings()
-    dynamic_padding: bool = True  # batch by length; off on TPU and under XLA (fixed shapes)
-    # Several examples per row of max_seq_length (bert_tf.data.packing.pack_examples): fixed shapes
-    # with little padding, for XLA on TPU/GPU. Batch sizes then count rows.
-    pack_sequences: bool = False
-    max_sequences_per_row: int = FINETUNE_MAX_SEQUENCES_PER_ROW
-    # > 0: add this times the pretraining LM loss on the task inputs (GPT-1's auxiliary objective,
-    # lambda = 0.5 there; bert_tf.training.auxiliary_lm). 0: the plain fine-tuning loss, as BERT.
-    aux_lm_weight: float = 0.0
 
 
 # ------------------------------------------------------------------ numpy scores
@@ -123,9 +107,6 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
     if settings.aux_lm_weight < 0:
         raise ValueError(f"aux_lm_weight must be >= 0, got {settings.aux_lm_weight}")
     if settings.aux_lm_weight > 0:
-        from bert_tf.tokenization import load_vocab
-        from bert_tf.training.auxiliary_lm import with_auxiliary_lm
-
         model_fn, loss_fn = with_auxiliary_lm(model_fn, loss_fn, settings.aux_lm_weight,
                                               causal=settings.pretrained.causal,
                                               vocab=load_vocab(settings.pretrained.vocab_file))
@@ -144,7 +125,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     settings, out = cfg.run, cfg.output_dir
     pretrained = settings.pretrained
     identity, recorded = task.setup(pretrained)
-    model_dir.check_matches(out, task.task_type, **identity)
+    model_dir.check_matches(out, task.task_type, pretrained.config, **identity)
     info = dict(identity, **recorded)
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
@@ -168,7 +149,6 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     def model_fn():
         return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
 
-    model_dir.check_config(out, pretrained.config)
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
 
@@ -180,7 +160,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
     boards = {split: eval_writer(out, split, len(scoring), trainer.is_chief) for split in scoring}
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
-    predictor = finetuning.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
+    predictor = arrays.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
                                      dynamic_padding=dynamic_padding, jit_compile=jit, strategy=settings.strategy)
 
     def score(split: str, data, batch_size: int):
@@ -225,13 +205,13 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                    num_train_epochs=cfg.num_train_epochs, warmup_proportion=cfg.warmup_proportion,
                                    pack_sequences=pack, dynamic_padding=dynamic_padding,
                                    aux_lm_weight=settings.aux_lm_weight, eval_every_steps=eval_every))
-        dataset_fn = finetuning.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
+        dataset_fn = arrays.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
                                                   seed=settings.train.seed, dynamic_padding=dynamic_padding)
         train_arrays = train.packed.arrays if pack else train.arrays
         results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                                            metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
                                            output_dir=out, ordered=task.ordered_results,
-                                           input_id=finetuning.arrays_digest(train_arrays),
+                                           input_id=arrays.arrays_digest(train_arrays),
                                            before_first_save=write_side_files if trainer.is_chief else None)
     else:
         if trainer.restore() is None and not pretrained.init_checkpoint:

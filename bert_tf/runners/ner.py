@@ -37,9 +37,9 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf.configs import read_run_info
-from bert_tf.finetuning import FinetuneError
-from bert_tf.models.feature_extraction import parse_layer_combination
 from bert_tf.models.feature_tagger import DEFAULT_FEATURE_LAYERS
+from bert_tf.models.layer_combination import parse_layer_combination
+from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, conll

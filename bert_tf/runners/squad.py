@@ -297,7 +297,7 @@ class SquadTask(FinetuneTask):
 
 def run(cfg: SquadRunConfig, inputs: Optional[SquadInputs] = None) -> Dict[str, Dict[str, float]]:
     """Trains / predicts / evaluates as asked; returns {"dev": official metrics} when evaluated."""
-    from bert_tf.runners.common import run_finetuning
+    from bert_tf.runners.common import run_finetuning  # lazy: read_inputs checks files before TensorFlow loads
 
     inputs = inputs if inputs is not None else read_inputs(cfg)
     return run_finetuning(SquadTask(cfg, inputs), cfg)

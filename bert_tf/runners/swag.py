@@ -19,7 +19,7 @@ from typing import Dict
 
 import numpy as np
 
-from bert_tf.configs import write_text_atomic
+from bert_tf.fileio import write_text_atomic
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask

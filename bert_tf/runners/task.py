@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from bert_tf.runners.common import RunSettings
+    from bert_tf.runners.settings import RunSettings
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

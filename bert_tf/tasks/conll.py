@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from bert_tf.fileio import write_text_atomic
 from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, read_text
 from bert_tf.tasks.glue import tokens_to_ids
 from bert_tf.tasks.windows import check_is_max_context, doc_spans_for
@@ -261,8 +262,6 @@ def conll_text(examples: Sequence[NerExample], predicted: Sequence[Sequence[str]
 
 
 def write_conll_predictions(path: str, examples, predicted) -> None:
-    from bert_tf.configs import write_text_atomic
-
     write_text_atomic(path, conll_text(examples, predicted))
 
 

@@ -28,7 +28,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from bert_tf.fileio import write_text_atomic
 from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.tasks.windows import doc_spans_for
 
 Column = Union[int, str]  # a position (files without a header) or a header name
 
@@ -500,8 +502,6 @@ def convert_examples_to_windows(
     Returns (features in example order, the example index of each feature). A text_a that
     leaves no room for text_b is a TaskDataError.
     """
-    from bert_tf.tasks.windows import doc_spans_for
-
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
     if doc_stride < 1:
@@ -651,8 +651,6 @@ def glue_submission_text(spec: TaskSpec, examples: Sequence[InputExample], predi
 
 def write_glue_submission(output_dir: str, spec: TaskSpec, split: str, examples, predictions) -> str:
     """Writes `<output_dir>/<TASK>.tsv` (CoLA.tsv, MNLI-m.tsv, AX.tsv, ...) atomically; returns its path."""
-    from bert_tf.configs import write_text_atomic
-
     name = spec.split(split).submission or f"{spec.name}.tsv"
     path = os.path.join(output_dir, name)
     write_text_atomic(path, glue_submission_text(spec, examples, predictions))

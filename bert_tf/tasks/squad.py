@@ -32,9 +32,11 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from bert_tf.fileio import write_text_atomic
 from bert_tf.tasks import TaskDataError, read_text
 from bert_tf.tasks.glue import tokenize_all, tokens_to_ids
 from bert_tf.tasks.windows import MAX_CONTEXT_LENGTH_WEIGHT, check_is_max_context, doc_spans_for  # noqa: F401
+from bert_tf.tokenization import BasicTokenizer
 
 # The original's defaults (run_squad.py flags).
 DEFAULT_MAX_SEQ_LENGTH = 384
@@ -342,8 +344,6 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool, strip_ac
     Both are basic-tokenized, aligned character by character ignoring spaces, and the
     matching slice of `orig_text` is returned; if the alignment fails, `orig_text` itself.
     """
-    from bert_tf.tokenization import BasicTokenizer
-
     def strip_spaces(text):
         ns_chars, ns_to_s_map = [], {}
         for i, c in enumerate(text):
@@ -509,8 +509,6 @@ def write_prediction_files(
 ) -> Dict[str, str]:
     """Writes predictions.json, nbest_predictions.json and, for v2.0, null_odds.json atomically
     (JSON indented by 4, as the original); returns {file name: path}."""
-    from bert_tf.configs import write_text_atomic
-
     written = {}
     outputs = [(PREDICTIONS_FILE, predictions), (NBEST_FILE, nbest)]
     if version_2_with_negative:

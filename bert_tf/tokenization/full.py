@@ -17,6 +17,8 @@ import collections
 import unicodedata
 from typing import Dict, Iterable, List, Optional, Union
 
+from bert_tf import fileio
+
 # Words longer than this become [UNK] in WordPiece (the original's
 # `max_input_chars_per_word`).
 MAX_CHARS_PER_WORD = 200
@@ -52,8 +54,6 @@ def convert_to_unicode(text: Union[str, bytes]) -> str:
 
 def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
     """Token -> id, id = line number; lines are stripped as in the original."""
-    from bert_tf import fileio
-
     if not fileio.exists(vocab_file):
         raise VocabError(f"{vocab_file}: vocab file not found")
     vocab: "collections.OrderedDict[str, int]" = collections.OrderedDict()

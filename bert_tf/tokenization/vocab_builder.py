@@ -24,7 +24,7 @@ take the corpus's words that the vocab splits into the most pieces, weighted by
 frequency; every other id stays, so checkpoints of the old vocab stay valid. A
 JSON beside the new vocab (`extension_path`) lists each new token with the old
 pieces it replaces, from which a checkpoint's embedding rows for the new tokens
-start (bert_tf.checkpoints.init_new_token_embeddings).
+start (bert_tf.pretrained.init_new_token_embeddings).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from bert_tf.tokenization.full import MAX_CHARS_PER_WORD, BasicTokenizer
+from bert_tf import fileio
+from bert_tf.fileio import write_text_atomic
+from bert_tf.tokenization.full import MAX_CHARS_PER_WORD, BasicTokenizer, WordpieceTokenizer, load_vocab
 
 DEFAULT_VOCAB_SIZE = 30522
 DEFAULT_NUM_UNUSED = 99  # [unused0..98]: [UNK]/[CLS]/[SEP]/[MASK] get ids 100-103 as in the original vocabs
@@ -99,8 +101,6 @@ class VocabSettings:
     def check(self) -> None:
         """Raises ValueError (one line) for settings that cannot give a vocab, before any counting."""
         if self.extend_vocab:
-            from bert_tf.tokenization import load_vocab
-
             if not any(UNUSED_TOKEN.match(t) for t in load_vocab(self.extend_vocab)):
                 raise VocabExtensionError(f"extend_vocab: {self.extend_vocab} has no [unusedN] slots to fill")
         elif self.vocab_size <= len(special_tokens(self.num_unused)):
@@ -110,8 +110,6 @@ class VocabSettings:
 
 def make_vocab(words: Dict[str, int], settings: VocabSettings, log, source: str = "the input") -> List[str]:
     """Learns (or extends) the vocab from word counts, writes it (and the extension JSON), logs its statistics."""
-    from bert_tf.tokenization import load_vocab
-
     if not words:
         raise ValueError(f"input_file: no words in {source} (empty corpus)")
     log.info("%d distinct words, %d in all", len(words), sum(words.values()))
@@ -223,15 +221,11 @@ def learn_wordpiece_vocab(word_counts: Dict[str, int], vocab_size: int = DEFAULT
 
 def write_vocab(path: str, vocab: List[str]) -> None:
     """One token per line, through a temporary name, its folders created (local files need no TensorFlow)."""
-    from bert_tf.fileio import write_text_atomic
-
     write_text_atomic(path, "".join(t + "\n" for t in vocab))
 
 
 def word_stats(vocab: List[str], word_counts: Dict[str, int], unk_token: str = "[UNK]") -> Dict[str, float]:
     """[UNK] rate (of wordpieces) and wordpieces per word when `vocab` tokenizes words with these counts."""
-    from bert_tf.tokenization.full import WordpieceTokenizer
-
     wordpiece = WordpieceTokenizer(vocab={t: i for i, t in enumerate(vocab)})
     words = pieces = unk = 0
     for word, n in word_counts.items():
@@ -283,8 +277,6 @@ def extend_vocab(base: List[str], word_counts: Dict[str, int], max_new_tokens: O
     (not ## continuations) are added, so every existing id and every other token is unchanged.
     Returns (the extended vocab, the new tokens).
     """
-    from bert_tf.tokenization.full import WordpieceTokenizer
-
     slots = [i for i, t in enumerate(base) if UNUSED_TOKEN.match(t)]
     if not slots:
         raise VocabExtensionError("the vocab has no [unusedN] slots to fill")
@@ -317,7 +309,6 @@ def write_extension(vocab_file: str, base_vocab_file: str, new_tokens: List[NewT
         "new_tokens": [{"id": t.id, "token": t.token, "replaced": t.replaced, "old_pieces": list(t.old_pieces),
                         "old_piece_ids": list(t.old_piece_ids), "count": t.count} for t in new_tokens],
     }
-    from bert_tf.configs import write_text_atomic
 
     path = extension_path(vocab_file)
     write_text_atomic(path, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
@@ -329,9 +320,6 @@ def read_extension(vocab_file: str) -> List[NewToken]:
 
     Raises VocabExtensionError when the JSON does not describe `vocab_file` (a token not at its id).
     """
-    from bert_tf import fileio
-    from bert_tf.tokenization import load_vocab
-
     path = extension_path(vocab_file)
     if not fileio.exists(path):
         return []

@@ -48,6 +48,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import env
 from bert_tf import model_dir as model_dir_lib
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
@@ -59,7 +60,7 @@ PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mi
 # overflow, double after this many finite steps).
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
-TRAIN_DIR, EVAL_DIR = "train", "eval"
+TRAIN_DIR, EVAL_DIR = model_dir_lib.TRAIN_DIR, model_dir_lib.EVAL_DIR
 # What a collective op raises when a peer is gone (connection reset, health check, timeout).
 PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
                  tf.errors.AbortedError)
@@ -505,7 +506,6 @@ class Trainer:
         if self._run_reported:
             return
         self._run_reported = True
-        from bert_tf import env
 
         report = env.report()
         logger.info(env.summary_line(report))
@@ -866,29 +866,6 @@ class _Profiler:
         logger.info("profile saved under %s", os.path.join(self.logdir, "plugins", "profile"))
 
 
-# What makes model_dir look like (or resume as) a run: its checkpoints and state file, summaries
-# (train/, eval/ and the HParams events in model_dir itself), side files but the vocab, and the
-# fine-tuning runners' best model (bert_tf.model_dir).
-_RUN_FILES = ("checkpoint", f"{model_dir_lib.CHECKPOINT_NAME}-*", TRAIN_DIR, EVAL_DIR, model_dir_lib.BEST_DIR,
-              model_dir_lib.CONFIG_FILE, model_dir_lib.RUN_INFO_FILE, "events.out.tfevents.*")
-
-
-def clear_model_dir(model_dir: str) -> list:
-    """Deletes a previous run's checkpoints, summaries and side files from model_dir (what
-    --overwrite_output_dir asks for); other files stay. Returns the removed paths."""
-    removed = []
-    for pattern in _RUN_FILES:
-        for path in tf.io.gfile.glob(os.path.join(model_dir, pattern)):
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
-            else:
-                tf.io.gfile.remove(path)
-            removed.append(path)
-    if removed:
-        logger.warning("overwrite_output_dir: removed %d file(s) of a previous run from %s", len(removed), model_dir)
-    return removed
-
-
 @tf.function(autograph=False)
 def _advance_loop(iterator, n):
     def body(i):
@@ -1012,10 +989,3 @@ def _format_eta(seconds: float) -> str:
         return "?"
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
-
-
-def write_eval_results(path: str, results: Dict[str, float], ordered: bool = False) -> None:
-    """The original's eval_results.txt: `key = value` lines, sorted (or in the dict's order), written atomically."""
-    from bert_tf.configs import write_text_atomic
-
-    write_text_atomic(path, "".join(f"{k} = {results[k]}\n" for k in (results if ordered else sorted(results))))

@@ -21,13 +21,13 @@ the model's variables do not depend on the sequence length.
 Continued pretraining (`init_checkpoint`: an original checkpoint, a Hugging Face
 folder or .safetensors, or a bert_tf model dir): `resolve_init_checkpoint` takes
 the config, vocab and casing from the checkpoint's folder (as fine-tuning does,
-bert_tf.finetuning.resolve_pretrained) unless given; the weights load when
+bert_tf.pretrained.resolve_pretrained) unless given; the weights load when
 output_dir has no checkpoint yet (a checkpoint there is resumed instead, as the
 original), the heads the checkpoint lacks start fresh (one log line names them),
 and the optimizer state and step start fresh. The data's vocab must be the
 checkpoint's size, or an extension of it in its [unused] slots
 (bert_tf.tokenization.vocab_builder.extend_vocab), whose new tokens' embeddings
-start from the mean of their old pieces' (checkpoints.init_new_token_embeddings).
+start from the mean of their old pieces' (bert_tf.pretrained.load_starting_weights).
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from bert_tf import fileio, model_dir
-from bert_tf.configs import BertConfig, read_run_info, write_run_info
-from bert_tf.data import packing, pipelines
+from bert_tf import fileio, model_dir, pretrained
+from bert_tf.configs import BertConfig, ConfigError, read_run_info, write_run_info
+from bert_tf.data import packing, pipelines, schema
+from bert_tf.models.language_model import LeftToRightPretrainer
+from bert_tf.models.pretrainer import BertPretrainer
+from bert_tf.tokenization import VocabError, check_vocab_fits
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 
@@ -117,8 +120,6 @@ class PretrainingConfig:
         if not self.do_train and not self.do_eval:
             raise PretrainingError("at least one of do_train or do_eval must be True")
         if self.vocab_file:
-            from bert_tf.tokenization import VocabError, check_vocab_fits
-
             try:
                 check_vocab_fits(self.vocab_file, self.bert_config.vocab_size, self.init_checkpoint)
             except VocabError as e:
@@ -225,18 +226,14 @@ def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str
     (the records hold token ids, as for the original); a --do_lower_case that contradicts the recorded
     casing is an error. Raises PretrainingError (one line).
     """
-    from bert_tf.configs import ConfigError
-    from bert_tf.finetuning import FinetuneError, check_lower_case, resolve_pretrained
-    from bert_tf.tokenization import VocabError
-
     try:
-        pretrained = resolve_pretrained(init_checkpoint, bert_config_file, vocab_file, require_vocab=False)
+        start = pretrained.resolve_pretrained(init_checkpoint, bert_config_file, vocab_file, require_vocab=False)
         if do_lower_case is not None:
-            check_lower_case(pretrained, do_lower_case)
-    except (FinetuneError, ConfigError, VocabError) as e:
+            pretrained.check_lower_case(start, do_lower_case)
+    except (pretrained.FinetuneError, ConfigError, VocabError) as e:
         raise PretrainingError(str(e).strip().splitlines()[0]) from None
-    casing = do_lower_case if do_lower_case is not None else pretrained.do_lower_case
-    return pretrained.config, pretrained.vocab_file, casing, pretrained.init_checkpoint
+    casing = do_lower_case if do_lower_case is not None else start.do_lower_case
+    return start.config, start.vocab_file, casing, start.init_checkpoint
 
 
 def _init_fn(config: PretrainingConfig):
@@ -245,33 +242,23 @@ def _init_fn(config: PretrainingConfig):
         return None
 
     def init(model):
-        from bert_tf import checkpoints
-
         try:
-            fmt = checkpoints.detect_format(init_checkpoint)
-            report = checkpoints.load_pretrained(model, init_checkpoint, fmt)
-            fresh = checkpoints.fresh_pretraining_heads(model, init_checkpoint, fmt, report)
-            new_ids = (checkpoints.init_new_token_embeddings(model, config.vocab_file, init_checkpoint)
-                       if config.vocab_file else [])
+            started = pretrained.load_starting_weights(model, init_checkpoint, None, config.vocab_file)
         except (ValueError, tf.errors.OpError) as e:
             message = str(e).strip().splitlines()[0]
             if not message.startswith(init_checkpoint):
                 message = f"{init_checkpoint}: {message}"
             raise PretrainingError(message) from None
-        names = [f"{checkpoints.PRETRAINING_HEADS[h][0]} ({checkpoints.PRETRAINING_HEADS[h][1]}*)" for h in fresh]
-        logger.info("initialised from %s (%s); optimizer state and step start fresh; %s", init_checkpoint, fmt,
-                    f"heads not in the checkpoint start fresh: {', '.join(names)}" if names
+        names = [f"{pretrained.PRETRAINING_HEADS[h][0]} ({pretrained.PRETRAINING_HEADS[h][1]}*)"
+                 for h in started.fresh_heads]
+        logger.info("initialised from %s (%s); optimizer state and step start fresh; %s", init_checkpoint,
+                    started.fmt, f"heads not in the checkpoint start fresh: {', '.join(names)}" if names
                     else "every head restored")
-        if new_ids:
-            logger.info("%d new tokens of %s start from the mean embedding of their old wordpieces", len(new_ids),
-                        config.vocab_file)
 
     return init
 
 
 def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> loop.Trainer:
-    from bert_tf.models.pretrainer import BertPretrainer
-
     settings = config.train
     settings.set_seed()
     try:
@@ -282,8 +269,6 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
     def model_fn():
         if config.objective == "ltr":
-            from bert_tf.models.language_model import LeftToRightPretrainer
-
             return LeftToRightPretrainer(config.bert_config)
         return BertPretrainer(config.bert_config, use_next_sentence_prediction=config.use_next_sentence_prediction,
                               skip_padding=not settings.jit_compile)  # XLA: no per-batch row count
@@ -324,8 +309,6 @@ def _naming_corrupt_files(files):
 
 def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS) -> int:
     """The largest input or masked-LM token id in the first `limit` records of a pretraining file."""
-    from bert_tf.data import schema
-
     with tf.io.gfile.GFile(path, "rb") as f:
         compression = "GZIP" if f.read(2) == schema.GZIP_MAGIC else ""
     largest = 0
@@ -414,5 +397,5 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
                                    steps=config.max_eval_steps)
     results = {k: results[k] for k in (*EVAL_KEYS, "global_step") if k in results}
     if trainer.is_chief:
-        loop.write_eval_results(os.path.join(config.output_dir, EVAL_RESULTS_FILE), results)
+        model_dir.write_eval_results(os.path.join(config.output_dir, EVAL_RESULTS_FILE), results)
     return results

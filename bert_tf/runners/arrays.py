@@ -1,31 +1,18 @@
-"""Where a fine-tuning run's weights come from and how its featurized arrays reach the model:
-`resolve_pretrained` (an original, Hugging Face or bert_tf checkpoint -> `Pretrained`),
-tf.data over the arrays (with length bucketing) and batched prediction.
-
-The run itself (train, evaluate, predict, the files written) is bert_tf.runners.common's;
-the model directory's files are bert_tf.model_dir's.
+"""How a fine-tuning run's featurized arrays reach the model: tf.data over them (with length
+bucketing and dynamic padding), their fingerprint, and batched prediction in order.
 
 Dimensions: N examples, S sequence length.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
-import logging
-import os
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import checkpoints, model_dir
-from bert_tf.configs import BertConfig, ConfigError, check_casing, read_run_info
-from bert_tf.tokenization import VocabError, check_vocab_fits
-from bert_tf.tokenization.fast import FastTokenizer
-
-logger = logging.getLogger("bert_tf.finetuning")
+from bert_tf.pretrained import FinetuneError
 
 # Batches are padded up to a multiple of this under dynamic padding: few distinct
 # shapes (fewer retraces) while short batches still skip most of the padding.
@@ -34,141 +21,6 @@ PAD_TO_MULTIPLE = 16
 BUCKET_BOUNDARIES = (16, 32, 48, 64, 96, 128, 192, 256, 384)
 # Feature arrays whose last axis is the sequence axis (trimmed with dynamic padding).
 SEQUENCE_KEYS = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_mask")
-
-
-class FinetuneError(ValueError):
-    """A fine-tuning set-up that cannot work (paths, config, vocab)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Pretrained:
-    """Where a fine-tuning run starts: config, vocab, and the weights to load (if any).
-
-    fmt: "tf1" (original bert_model.ckpt), "hf" (Hugging Face folder or
-    .safetensors), "ours" (a bert_tf checkpoint), or None (train from scratch).
-    do_lower_case: what the source records about casing, or None.
-    causal: the encoder attends left to right only (a model pretrained with
-    --objective=ltr, as its bert_tf_info.json records); fine-tuning keeps the mask.
-    """
-
-    config: BertConfig
-    vocab_file: Optional[str]  # None only where no vocab is needed (pretraining reads ids)
-    init_checkpoint: Optional[str]
-    fmt: Optional[str]
-    do_lower_case: Optional[bool]
-    causal: bool = False
-
-    def build_encoder(self):
-        """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
-        from bert_tf.models import BertEncoder
-
-        return BertEncoder(self.config, causal=self.causal)
-
-    def init_fn(self, model) -> None:
-        """Loads the pretrained encoder (and any matching heads) into a fresh task model."""
-        if not self.init_checkpoint:
-            logger.info("no init_checkpoint: training from random initialisation")
-            return
-        report = checkpoints.load_pretrained(model, self.init_checkpoint, self.fmt)
-        if report is not None:
-            logger.info("loaded %d variables from %s (%s); %d left freshly initialised: %s",
-                        len(report.loaded), self.init_checkpoint, self.fmt, len(report.missing),
-                        ", ".join(report.missing[:6]) + (" ..." if len(report.missing) > 6 else ""))
-        else:
-            logger.info("loaded %s (%s)", self.init_checkpoint, self.fmt)
-        new_ids = checkpoints.init_new_token_embeddings(model, self.vocab_file, self.init_checkpoint)
-        if new_ids:
-            logger.info("%d new tokens of %s start from the mean embedding of their old wordpieces", len(new_ids),
-                        self.vocab_file)
-
-    def tokenizer(self, do_lower_case: bool) -> FastTokenizer:
-        """The fast tokenizer: FullTokenizer's exact output and interface, several times faster."""
-        return FastTokenizer(self.vocab_file, do_lower_case=do_lower_case)
-
-
-def _hf_lower_case(folder: str) -> Optional[bool]:
-    path = os.path.join(folder, "tokenizer_config.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        value = json.load(f).get("do_lower_case")
-    return None if value is None else bool(value)
-
-
-def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optional[str] = None,
-                       vocab_file: Optional[str] = None, require_vocab: bool = True) -> Pretrained:
-    """Finds config, vocab and format for `init_checkpoint`, which may be:
-
-    - an original TF1 prefix (`.../bert_model.ckpt`) or the folder holding it: needs `bert_config_file`
-      unless a `bert_config.json` sits beside it, and `vocab_file` unless a `vocab.txt` does;
-    - a Hugging Face folder (config.json, model.safetensors, vocab.txt) or .safetensors file;
-    - a bert_tf model directory (its latest checkpoint and side files: bert_tf.model_dir),
-      or one checkpoint prefix in it;
-    - empty: train from scratch with `bert_config_file` and `vocab_file`.
-    Flags given explicitly win over files found beside the checkpoint.
-    """
-    fmt = None
-    do_lower_case = None
-    causal = False
-    folder = None
-    if init_checkpoint:
-        if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
-            try:  # its latest checkpoint, or an original download's bert_model.ckpt
-                latest = checkpoints.resolve_tf1_checkpoint(init_checkpoint)
-            except checkpoints.CheckpointError:
-                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
-                                    "no bert_model.ckpt, no model.safetensors)") from None
-            folder, init_checkpoint = init_checkpoint, latest
-        try:
-            fmt = checkpoints.detect_format(init_checkpoint)
-        except (checkpoints.CheckpointError, tf.errors.OpError, ValueError) as e:
-            raise FinetuneError(f"{init_checkpoint}: not a readable checkpoint ({str(e).splitlines()[0]})") from None
-        if folder is None:
-            folder = init_checkpoint if os.path.isdir(init_checkpoint) else os.path.dirname(init_checkpoint)
-        info = read_run_info(folder)
-        causal = bool(info.get("causal_attention", False))
-        if "do_lower_case" in info:
-            do_lower_case = bool(info["do_lower_case"])
-        elif fmt == "hf":
-            do_lower_case = _hf_lower_case(folder)
-
-    if bert_config_file:
-        config = BertConfig.from_json_file(bert_config_file)
-    elif folder and os.path.exists(model_dir.config_path(folder)):
-        config = BertConfig.from_json_file(model_dir.config_path(folder))
-    elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
-        config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
-    else:
-        raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
-
-    if not vocab_file:
-        candidate = model_dir.vocab_path(folder) if folder else None
-        if candidate and os.path.exists(candidate):
-            vocab_file = candidate
-        elif require_vocab:
-            raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
-        else:  # pretraining reads token ids from its records
-            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal)
-    try:
-        check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
-    except VocabError as e:
-        raise FinetuneError(str(e)) from None
-    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal)
-
-
-def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:
-    """One clear error when --do_lower_case disagrees with what the checkpoint records or its name says."""
-    if pretrained.do_lower_case is not None and pretrained.do_lower_case != bool(do_lower_case):
-        msg = (f"do_lower_case={bool(do_lower_case)} but {pretrained.init_checkpoint} was trained with "
-               f"do_lower_case={pretrained.do_lower_case}")
-        if not allow_mismatch:
-            raise FinetuneError(msg + f"; pass --do_lower_case={pretrained.do_lower_case}")
-        logger.warning(msg)
-        return
-    if pretrained.init_checkpoint:
-        warning = check_casing(do_lower_case, pretrained.init_checkpoint, allow_mismatch=allow_mismatch)
-        if warning:
-            logger.warning(warning)
 
 
 # ------------------------------------------------------------------ tf.data over arrays
@@ -323,13 +175,8 @@ class Predictor:
 
 
 __all__ = [
-    "ConfigError",
-    "FinetuneError",
-    "Pretrained",
     "Predictor",
-    "VocabError",
     "arrays_dataset_fn",
-    "check_lower_case",
-    "resolve_pretrained",
+    "arrays_digest",
     "trim_padding",
 ]
