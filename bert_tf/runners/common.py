@@ -119,6 +119,7 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
 
 def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as `cfg` asks; returns {split: results} of what was scored."""
+    # 1. the request, and output_dir holds no other run
     if cfg.run is None:
         raise FinetuneError(f"{type(cfg).__name__}.run (the RunSettings) is required to run")
     check_request(cfg)
@@ -137,7 +138,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         data = task.featurize(split, tokenizer)
         return pack_split(task, split, data, settings) if pack else data
 
-    # Every input is read and featurized before anything is written to output_dir.
+    # 2. every input is read and featurized before anything is written to output_dir
     train = featurize("train") if cfg.do_train else None
     # An epoch is one pass over the examples; packed, a batch is train_batch_size rows.
     train_units = (train.packed.num_rows if pack else train.count) if train else 0
@@ -146,12 +147,14 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     evals = {s: featurize(s) for s in task.eval_splits} if cfg.do_eval or eval_every else {}
     predicts = {s: evals.get(s) or featurize(s) for s in task.predict_splits} if cfg.do_predict else {}
 
+    # 3. the Trainer on the task model, from the pretrained weights or output_dir's checkpoint
     def model_fn():
         return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
 
+    # 4. the side files, written once the run has restored (or refused) output_dir's checkpoint and trains
     def write_side_files():  # once the run has restored (or refused) output_dir's checkpoint and trains
         model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, causal=pretrained.causal,
                                   do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
@@ -193,6 +196,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         write_eval_results(os.path.join(out, name), metrics, ordered=task.ordered_results)
         logger.info("wrote %s in %s", name, out)
 
+    # 5. train (evaluating every eval_every steps, keeping the best model), or restore the trained model
     results: Dict[str, Dict[str, float]] = {}
     if cfg.do_train:
         extra = dict(task.summary())
@@ -218,6 +222,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
             logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
         if trainer.is_chief:
             write_side_files()
+    # 6. evaluate and predict: eval_results[_<split>].txt and the task's files
     if cfg.do_eval:
         results = evaluate()  # an evaluation at the last training step is not run again
         for split, data in evals.items():

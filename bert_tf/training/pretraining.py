@@ -336,7 +336,23 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     Raises PretrainingError / pipelines.InputDataError (one line) on bad input,
     loop.NonFiniteLossError on a NaN loss, loop.TrainingPreempted after SIGTERM.
     """
+    # 1. the request and the data: every file's first record, before anything is written
     config.validate()
+    train_files, eval_files = _check_inputs(config)
+    # 2. output_dir holds no other run
+    _check_output_dir(config)
+    # 3. the Trainer: a fresh model from init_checkpoint, or output_dir's checkpoint resumed
+    trainer = build_trainer(config, strategy)
+    # 4. train; the side files are written once the run has restored or started and saves
+    if config.do_train:
+        _train(config, trainer, train_files)
+    # 5. evaluate into eval_results.txt
+    return _evaluate(config, trainer, eval_files) if config.do_eval else None
+
+
+def _check_inputs(config: PretrainingConfig):
+    """(training files, evaluation files) after checking that each holds records of config's lengths
+    (and, with init_checkpoint, token ids the checkpoint's vocab holds)."""
     train_files = list(config.input_files)
     if not train_files:
         raise PretrainingError("input_file matched no files")
@@ -362,33 +378,33 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
         if model_dir.has_checkpoint(config.output_dir):
             logger.info("%s holds a checkpoint: resuming from it; init_checkpoint %s is not used",
                         config.output_dir, config.init_checkpoint)
-    _check_output_dir(config)
-    trainer = build_trainer(config, strategy)
+    return train_files, eval_files
+
+
+def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequence[str]) -> None:
+    trainer.run_summary(
+        num_warmup_steps=config.num_warmup_steps,
+        extra={
+            "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
+                     f"{config.max_predictions_per_seq} predictions per sequence",
+            "objective": f"{config.objective}: {OBJECTIVES[config.objective][0]}",
+            "optimizer": f"{config.train.optimizer}, lr {config.train.learning_rate}, "
+                         f"weight decay {config.train.weight_decay_rate}",
+        },
+    )
+    trainer.write_hparams(dict(objective=config.objective, max_seq_length=config.max_seq_length,
+                               max_predictions_per_seq=config.max_predictions_per_seq,
+                               num_warmup_steps=config.num_warmup_steps, pack_sequences=config.pack_sequences))
     write_side_files = (lambda: _write_side_files(config)) if trainer.is_chief else None
+    with _naming_corrupt_files(train_files):
+        # One spelling per file: the saved input position names its files, and a rerun may spell the
+        # same file another way (../data/x from another directory).
+        files = [fileio.canonical_path(p) for p in train_files]
+        trainer.train(_dataset_fn(config, files, is_training=True), input_id=",".join(files),
+                      before_first_save=write_side_files)
 
-    if config.do_train:
-        trainer.run_summary(
-            num_warmup_steps=config.num_warmup_steps,
-            extra={
-                "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
-                         f"{config.max_predictions_per_seq} predictions per sequence",
-                "objective": f"{config.objective}: {OBJECTIVES[config.objective][0]}",
-                "optimizer": f"{config.train.optimizer}, lr {config.train.learning_rate}, "
-                             f"weight decay {config.train.weight_decay_rate}",
-            },
-        )
-        trainer.write_hparams(dict(objective=config.objective, max_seq_length=config.max_seq_length,
-                                   max_predictions_per_seq=config.max_predictions_per_seq,
-                                   num_warmup_steps=config.num_warmup_steps, pack_sequences=config.pack_sequences))
-        with _naming_corrupt_files(train_files):
-            # One spelling per file: the saved input position names its files, and a rerun may spell the
-            # same file another way (../data/x from another directory).
-            files = [fileio.canonical_path(p) for p in train_files]
-            trainer.train(_dataset_fn(config, files, is_training=True), input_id=",".join(files),
-                          before_first_save=write_side_files)
 
-    if not config.do_eval:
-        return None
+def _evaluate(config: PretrainingConfig, trainer: loop.Trainer, eval_files: Sequence[str]) -> Dict[str, float]:
     if not config.do_train:
         if trainer.restore() is None and not config.init_checkpoint:
             raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
