@@ -2,9 +2,10 @@
 
 from setuptools import find_packages, setup
 
-TEST = [
-    "pytest>=8",
-    "pytest-xdist>=3.5",
+# What the fast subset (pytest -m "not slow") needs: it installs beside TensorFlow 2.21 too, where
+# scripts/test.sh runs that subset in a second venv (the oracles below are 2.20-only or not needed there).
+TEST_FAST = ["pytest>=8", "pytest-xdist>=3.5"]
+TEST = TEST_FAST + [
     "ruff==0.8.6",
     "tokenizers>=0.20",  # the Rust WordPiece peer in benchmarks and a parity oracle
     "safetensors>=0.4",
@@ -48,6 +49,7 @@ setup(
     ],
     extras_require={
         "test": TEST,
+        "test-fast": TEST_FAST,
         "beam": BEAM,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot

@@ -1,6 +1,9 @@
 """Keras-native models: every model saves to .keras and loads back with equal outputs; the task models
 compile / fit / evaluate / predict on tf.data dict inputs; skip_padding stays exact under fit."""
 
+import contextlib
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -135,7 +138,11 @@ def test_compile_fit_evaluate_predict(name):
     model = build()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss, metrics=metrics)
     before = model.evaluate(dataset(x, y), verbose=0, return_dict=True)
-    history = model.fit(dataset(x, y).repeat(8), verbose=0)  # 16 steps on the same 4 examples
+    # Heads on the sequence output leave the pooler unused: Keras names it, and nothing else, as gradient-free.
+    expected = pytest.warns(UserWarning, match=re.escape(
+        "Gradients do not exist for variables ['bert/pooler/kernel', 'bert/pooler/bias']"))
+    with expected if name in ("span_labeler", "token_classifier") else contextlib.nullcontext():
+        history = model.fit(dataset(x, y).repeat(8), shuffle=False, verbose=0)  # 16 steps on the same 4 examples
     after = model.evaluate(dataset(x, y), verbose=0, return_dict=True)
     assert after["loss"] < 0.9 * before["loss"], (before, after)
     assert np.isfinite(history.history["loss"]).all()
@@ -177,7 +184,7 @@ def test_fit_with_skip_padding_equals_the_padded_one(jit_compile):
             return train_step(data)
 
         model.train_step = counted
-        history = model.fit(dataset(x, y, batch=B), verbose=0)
+        history = model.fit(dataset(x, y, batch=B), shuffle=False, verbose=0)
         assert len(traces) == 1
         results[skip] = history.history["loss"][0], [w.numpy() for w in model.weights]
     (loss_full, weights_full), (loss_skip, weights_skip) = results[False], results[True]

@@ -72,7 +72,9 @@ class BiLSTMFeatureTagger(keras.Model):
         mask = ops.cast(inputs["input_mask"], "bool")  # [B, S]
         for i in range(NUM_LSTM_LAYERS):
             x = getattr(self, f"bilstm_{i}")(x, mask=mask, training=training)  # [B, S, 2U]
-        return self.head(x, training=training)  # [B, S, L]
+        # ops.copy drops the mask Keras attaches to the BiLSTM's output, which the position-wise head
+        # would drop anyway, with a warning on every call.
+        return self.head(ops.copy(x), training=training)  # [B, S, L]
 
     def get_config(self):
         return {"encoder": keras.saving.serialize_keras_object(self.encoder), "num_labels": self.num_labels,
