@@ -8,6 +8,6 @@ pytest -n 2 -q "$@"
 SECOND_TF=${SECOND_TF-2.21}
 if [ $# -eq 0 ] && [ -n "$SECOND_TF" ]; then
   echo "== the fast subset on TensorFlow $SECOND_TF"
-  source scripts/venv.sh "[test-fast]" "$SECOND_TF"
+  source "$(dirname "$0")/venv.sh" "[test-fast]" "$SECOND_TF"
   pytest -n 2 -q -m "not slow"
 fi
