@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -149,14 +148,15 @@ def export_serving_model(
     oneDNN, at export and serving), the rest float32. int8_weight_scale: "channel"
     (one int8 scale per output column) or "tensor" (one per matrix; less accurate).
     windows: (doc_stride, aggregation) for a classifier or regressor trained with --long_inputs=windows:
-    its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows).
+    its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows);
+    (doc_stride, None) for a tagger trained with --doc_stride: each word tagged in its max-context window.
     """
     serving_module = SERVING_MODULES.get(export_type)
     if serving_module is None:
         raise ExportError(f"task_type {export_type!r} cannot be exported; expected one of {', '.join(EXPORT_TYPES)}")
     if windows is not None:
-        if export_type not in ("classification", "regression"):
-            raise ExportError(f"windows apply to classification and regression exports, not {export_type}")
+        if export_type not in ("classification", "regression", "tagging"):
+            raise ExportError(f"windows apply to classification, regression and tagging exports, not {export_type}")
         try:
             serving_module = windowed(serving_module, *windows)
         except ValueError as e:
@@ -303,10 +303,7 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
     if export_type in ("classification", "regression") and info.get("long_inputs") == "windows":
         kwargs.setdefault("windows", (info["doc_stride"], info["window_aggregation"]))
     elif export_type == "tagging" and info.get("doc_stride"):
-        logging.getLogger("bert_tf.export").warning(
-            "%s was fine-tuned on overlapping windows, but the tagging SavedModel reads only the first %d word "
-            "pieces of each text (no windows in its graph yet): cut long texts before calling it",
-            model_dir, max_seq_length or info["max_seq_length"])
+        kwargs.setdefault("windows", (info["doc_stride"], None))
     return export_serving_model(
         model, export_type, export_dir, vocab_file, do_lower_case=info["do_lower_case"],
         max_seq_length=max_seq_length or info["max_seq_length"], strip_accents=info.get("strip_accents"),

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import json
 import os
 import pathlib
 import sys
@@ -70,6 +71,11 @@ def float32_tolerance(magnitude: float, summed_terms: int) -> float:
     return summed_terms * FLOAT32_EPS * magnitude
 
 
+# An int8 export's probabilities against its float32 export's, on tiny models (tests/test_export_int8.py
+# says how it was set and measured).
+TINY_PROB_TOLERANCE = 0.05
+
+
 def half_precision_matmul_crashes() -> str:
     """Why this process cannot run bfloat16/float16 matmuls, or "" when it can.
 
@@ -102,7 +108,10 @@ SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_kjv_records_pac
               "test_real_text_matches_original", "test_kjv_vocab_coverage",
               "test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows",
               "test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unchanged",
-              "test_exported_windows_classifier_windows_raw_text_in_the_graph"}
+              "test_exported_windows_classifier_windows_raw_text_in_the_graph",
+              "test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window",
+              "test_exported_tagger_answers_texts_that_fit_as_without_windows",
+              "test_int8_exports_with_windows_stay_within_the_int8_bound"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -129,6 +138,22 @@ TINY_VOCAB = [
     "low", "lowest", "hello", "how", "are", "you", "!", "?",
     "the", "a", "cat", "dog", "sat", "on", "mat", ".", "##s",
 ]
+
+
+# The tiny encoder the run tests fine-tune (hidden 32, 2 layers; positions up to 64).
+TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(request, tmp_path_factory):
+    """A folder with vocab.txt (TINY_VOCAB) and bert_config.json, made once per test module: TINY_CONFIG
+    updated by the module's TINY_CONFIG_OVERRIDES when it has them."""
+    folder = tmp_path_factory.mktemp("tiny_model")
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
+    config = dict(TINY_CONFIG, **getattr(request.module, "TINY_CONFIG_OVERRIDES", {}))
+    (folder / "bert_config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.fixture

@@ -5,25 +5,15 @@ import json
 
 import numpy as np
 import pytest
-from conftest import TINY_VOCAB, float32_tolerance
+from conftest import TINY_PROB_TOLERANCE, float32_tolerance
 
 from bert_tf.tasks import TaskDataError, glue
 from bert_tf.tasks.windows import aggregate_windows, doc_spans_for, window_weights
 from bert_tf.tokenization import FullTokenizer
 
-TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                   attention_probs_dropout_prob=0.0)
+TINY_CONFIG_OVERRIDES = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # conftest's tiny_model, no dropout
 SEQ = 16  # max_seq_length of these tests: 14 pieces of a single text per window
 FILLER = ["the", "a", "dog", "sat", "on", "mat", "how", "are", "you", "hello", "low", "."]  # one piece each
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_model")
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
-    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +288,165 @@ def test_serving_windows_are_the_runner_windows(tokenizer, tiny_model):
     np.testing.assert_array_equal(hub["input_word_ids"].numpy(), arrays["input_ids"])
     np.testing.assert_array_equal(hub["input_mask"].numpy(), arrays["input_mask"])
     np.testing.assert_array_equal(hub["input_type_ids"].numpy(), arrays["segment_ids"])
+
+
+# ------------------------------------------------------------------ the tagger (NER --doc_stride) served with windows
+NER_STRIDE = 5
+NER_TAGS = {"cat": "B-PER", "dogs": "B-ORG", "unwanted": "B-MISC"}  # dog ##s and un ##want ##ed: several pieces
+
+
+def _ner_sentence(rng, pieces):
+    """Words of exactly `pieces` word pieces: fillers and the tagged words of NER_TAGS."""
+    words, left = [], pieces
+    while left:
+        word = str(rng.choice(FILLER + list(NER_TAGS)))
+        size = {"dogs": 2, "unwanted": 3}.get(word, 1)
+        if size <= left:
+            words.append(word)
+            left -= size
+    return words
+
+
+@pytest.fixture(scope="module")
+def ner_model(tiny_model, tmp_path_factory):
+    """A tagger trained with --doc_stride on sentences of up to two windows, its model dir and the texts to tag:
+    one of 3x max_seq_length pieces, one of 20 and two shorter than a window."""
+    from bert_tf.runners.ner import NerRunConfig, run
+
+    rng = np.random.default_rng(11)
+    data = tmp_path_factory.mktemp("ner_data")
+    train = [_ner_sentence(rng, int(rng.integers(3, 2 * ROOM))) for _ in range(64)]
+    (data / "train.txt").write_text("\n\n".join("\n".join(f"{w} {NER_TAGS.get(w, 'O')}" for w in s) for s in train)
+                                    + "\n")
+    texts = [_ner_sentence(rng, 3 * SEQ), _ner_sentence(rng, 5), _ner_sentence(rng, 20), _ner_sentence(rng, ROOM)]
+    (data / "test.txt").write_text("\n\n".join("\n".join(s) for s in texts) + "\n")  # words only
+    out = tmp_path_factory.mktemp("ner_model") / "out"
+    settings = _settings(tiny_model)
+    run(NerRunConfig(data_dir=str(data), output_dir=str(out), run=settings, max_seq_length=SEQ,
+                     doc_stride=NER_STRIDE, do_train=True, train_batch_size=8, num_train_epochs=3.0))
+    run(NerRunConfig(data_dir=str(data), output_dir=str(out), run=settings, max_seq_length=SEQ,
+                     doc_stride=NER_STRIDE, do_predict=True))
+    return out, texts
+
+
+def test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window(tiny_model, tokenizer, ner_model,
+                                                                                 tmp_path):
+    """A tagger trained with --doc_stride exports a SavedModel whose serving_default windows the text in the graph
+    with the recorded stride: its tags are the runner's test_predictions.txt word for word (a text of 3x
+    max_seq_length, one of 20 pieces, shorter ones), and each word's probabilities are those of the window giving
+    its first piece the most context, computed here one window at a time (float32 rounding); another window
+    holding the word would give other probabilities."""
+    import tensorflow as tf
+
+    from bert_tf import model_dir
+    from bert_tf.export import export_model_dir
+    from bert_tf.tasks.windows import check_is_max_context
+
+    out, texts = ner_model
+    export = export_model_dir(str(out), str(tmp_path / "tagger"))
+    metadata = json.loads((tmp_path / "tagger" / "assets" / "bert_tf_export.json").read_text())
+    assert (metadata["long_inputs"], metadata["doc_stride"], metadata["window_tags"]) == \
+        ("windows", NER_STRIDE, "max_context")
+    served = tf.saved_model.load(export).signatures["serving_default"](text=tf.constant([" ".join(t) for t in texts]))
+    runner = [s.split("\n") for s in (out / "test_predictions.txt").read_text().strip().split("\n\n")]
+    assert [len(s) for s in runner] == [len(t) for t in texts]
+    assert served["num_words"].numpy().tolist() == [len(t) for t in texts]
+    assert served["tags"].shape[1] == len(texts[0]) > SEQ  # as wide as the longest text
+    for i, sentence in enumerate(runner):
+        assert [line.split()[0] for line in sentence] == texts[i]
+        assert [w.decode() for w in served["words"].numpy()[i][:len(texts[i])]] == texts[i]
+        assert [t.decode() for t in served["tags"].numpy()[i][:len(texts[i])]] == [line.split()[1] for line in
+                                                                                    sentence]
+        assert served["tags"].numpy()[i][len(texts[i]):].tolist() == [b""] * (len(texts[0]) - len(texts[i]))
+
+    model = model_dir.restore(str(out))
+    labels = json.loads((out / "bert_tf_info.json").read_text())["label_list"]
+    probabilities = served["probabilities"].numpy()
+    assert probabilities.shape == (len(texts), len(texts[0]), len(labels))
+    tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
+    pieces = [tokenizer.tokenize(w) for w in texts[0]]
+    flat = [p for word in pieces for p in word]
+    assert len(flat) == 3 * SEQ
+    spans = doc_spans_for(len(flat), ROOM, NER_STRIDE)
+    window_probabilities = []
+    for start, length in spans:
+        ids = tokenizer.convert_tokens_to_ids(["[CLS]"] + flat[start:start + length] + ["[SEP]"])
+        batch = {"input_ids": np.array([ids], np.int32), "input_mask": np.ones((1, len(ids)), np.int32),
+                 "segment_ids": np.zeros((1, len(ids)), np.int32)}
+        logits = np.asarray(model(batch, training=False), np.float64)[0]
+        window_probabilities.append(np.exp(logits) / np.exp(logits).sum(-1, keepdims=True))
+    first_piece = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+    other_windows_differ = 0
+    for word, p in enumerate(first_piece):
+        holding = [k for k, (start, length) in enumerate(spans) if start <= p < start + length]
+        owner = [k for k in holding if check_is_max_context(spans, k, p)]
+        assert len(owner) == 1
+        expected = window_probabilities[owner[0]][p - spans[owner[0]][0] + 1]
+        np.testing.assert_allclose(probabilities[0, word], expected, atol=tolerance)
+        for k in holding:
+            other = window_probabilities[k][p - spans[k][0] + 1]
+            other_windows_differ += k != owner[0] and np.abs(other - expected).max() > 10 * tolerance
+    # Which window a word is read in shows (measured: 13 (word, other window) pairs of the 41 words differ).
+    assert other_windows_differ >= 5, other_windows_differ
+    np.testing.assert_array_equal(probabilities[1, len(texts[1]):], 0.0)
+
+
+def test_exported_tagger_answers_texts_that_fit_as_without_windows(ner_model, tmp_path):
+    """Texts shorter than one window: the windowed tagger gives what the tagger without windows (the export of
+    the same model dir with windows=None) gives, at today's width of max_seq_length."""
+    import tensorflow as tf
+
+    from bert_tf.export import export_model_dir
+
+    out, texts = ner_model
+    short = tf.constant([" ".join(texts[1]), " ".join(texts[3]), "", "the cat sat"])
+    windowed = tf.saved_model.load(export_model_dir(str(out), str(tmp_path / "windows")))
+    plain = tf.saved_model.load(export_model_dir(str(out), str(tmp_path / "plain"), windows=None))
+    assert "long_inputs" not in json.loads((tmp_path / "plain" / "assets" / "bert_tf_export.json").read_text())
+    got = windowed.signatures["serving_default"](text=short)
+    want = plain.signatures["serving_default"](text=short)
+    assert set(got) == set(want) == {"words", "tags", "probabilities", "num_words"}
+    assert got["tags"].shape[1] == SEQ
+    for key in ("words", "tags", "num_words"):
+        np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+    np.testing.assert_allclose(got["probabilities"].numpy(), want["probabilities"].numpy(), atol=1e-6)
+    # The one without windows drops the words past its one window; the windowed one tags them all.
+    long = tf.constant([" ".join(texts[0])])
+    assert plain.signatures["serving_default"](text=long)["num_words"].numpy()[0] < len(texts[0])
+    assert windowed.signatures["serving_default"](text=long)["num_words"].numpy()[0] == len(texts[0])
+
+
+# ------------------------------------------------------------------ int8 with windows
+def test_int8_exports_with_windows_stay_within_the_int8_bound(windows_model, ner_model, tmp_path):
+    """The windowed classifier and tagger exported in int8 answer long and short texts within the bound the
+    suite holds non-windowed int8 exports to (tests/test_export_int8.py): probabilities within
+    TINY_PROB_TOLERANCE of the float32 windowed export, the same labels and tags."""
+    import tensorflow as tf
+
+    from bert_tf.export import export_model_dir
+
+    rng = np.random.default_rng(9)
+    out = windows_model[1]
+    texts = tf.constant([_doc(rng, 3 * SEQ, marker_at=30), _doc(rng, 6), _doc(rng, 3 * SEQ), _doc(rng, 20, 12)])
+    serve = {name: tf.saved_model.load(export_model_dir(str(out), str(tmp_path / f"classifier_{name}"),
+                                                        quantize=name)).signatures["serve_text"]
+             for name in ("none", "int8")}
+    fp32, int8 = (serve[name](text=texts) for name in ("none", "int8"))
+    difference = np.abs(int8["probabilities"].numpy() - fp32["probabilities"].numpy()).max()
+    print("classifier int8 vs float32, largest probability difference", difference)
+    assert 0 < difference < TINY_PROB_TOLERANCE
+    np.testing.assert_array_equal(int8["label"].numpy(), fp32["label"].numpy())
+
+    out, ner_texts = ner_model
+    texts = tf.constant([" ".join(t) for t in ner_texts])
+    serve = {name: tf.saved_model.load(export_model_dir(str(out), str(tmp_path / f"tagger_{name}"),
+                                                        quantize=name)).signatures["serving_default"]
+             for name in ("none", "int8")}
+    fp32, int8 = (serve[name](text=texts) for name in ("none", "int8"))
+    assert json.loads((tmp_path / "tagger_int8" / "assets" / "bert_tf_export.json").read_text())["long_inputs"] == \
+        "windows"
+    difference = np.abs(int8["probabilities"].numpy() - fp32["probabilities"].numpy()).max()
+    print("tagger int8 vs float32, largest probability difference", difference)
+    assert 0 < difference < TINY_PROB_TOLERANCE
+    np.testing.assert_array_equal(int8["tags"].numpy(), fp32["tags"].numpy())
+    np.testing.assert_array_equal(int8["num_words"].numpy(), [len(t) for t in ner_texts])

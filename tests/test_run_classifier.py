@@ -7,19 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TESTDATA, TINY_VOCAB, shared_path
+from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, shared_path
 
-TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
 DATA = TESTDATA / "classifier"
-
-
-@pytest.fixture(scope="module")
-def tiny_model_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_model")
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
-    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
-    return folder
 
 
 def run_classifier(*args):
@@ -34,9 +24,9 @@ def user_task_args(model, output_dir, *extra):
             "--train_batch_size=8", "--eval_batch_size=8", *extra]
 
 
-def test_train_eval_predict_learns_and_writes_original_files(tiny_model_files, tmp_path):
+def test_train_eval_predict_learns_and_writes_original_files(tiny_model, tmp_path):
     out = tmp_path / "out"
-    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train", "--do_eval", "--do_predict",
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--do_eval", "--do_predict",
                                             "--num_train_epochs=4", "--learning_rate=1e-3",
                                             "--iterations_per_loop=6", "--eval_every_steps=12"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -60,11 +50,11 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model_files, t
     assert "eval_accuracy" in (best / "best_eval_results.txt").read_text()
 
 
-def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model_files, tmp_path):
+def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_path):
     """--pack_sequences --jit_compile: several examples per row, one compiled training step and one compiled
     prediction for the whole run (the last partial batches filled up); predictions one per example, in order."""
     out = tmp_path / "out"
-    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train", "--do_eval", "--do_predict",
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--do_eval", "--do_predict",
                                             "--pack_sequences", "--jit_compile", "--train_batch_size=4",
                                             "--num_train_epochs=8", "--learning_rate=1e-3",
                                             "--iterations_per_loop=6", "--eval_every_steps=12"))
@@ -91,11 +81,11 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model_files
         (["--long_inputs=windows", "--doc_stride=0"], "--doc_stride must be positive, got 0"),
     ],
 )
-def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model_files, tmp_path, extra, message):
+def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    result = run_classifier(*user_task_args(tiny_model_files, out, "--do_train"), *extra)
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train"), *extra)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and last.startswith("error: "), result.stderr[-2000:]
@@ -103,7 +93,7 @@ def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model_files, tmp_pat
     assert not (out / "eval_results.txt").exists()
 
 
-def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model_files, tmp_path):
+def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model, tmp_path):
     """A vocab of another size than the checkpoint's embeddings (e.g. a 4,259-token domain vocab with a
     30,522-token model) would fine-tune without any error; it is refused before anything is written."""
     from bert_tf.checkpoints import write_tf1_checkpoint
@@ -121,7 +111,7 @@ def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model_files, tm
     other = tmp_path / "domain_vocab.txt"
     other.write_text("\n".join(TINY_VOCAB[:-5]) + "\n")
     result = run_classifier("--task_name=user", f"--data_dir={DATA}", "--index_column=id", f"--vocab_file={other}",
-                            f"--bert_config_file={tiny_model_files / 'bert_config.json'}", f"--init_checkpoint={ckpt}",
+                            f"--bert_config_file={tiny_model / 'bert_config.json'}", f"--init_checkpoint={ckpt}",
                             f"--output_dir={out}", "--max_seq_length=32", "--do_train", "--do_eval",
                             "--overwrite_output_dir")
     assert result.returncode != 0
@@ -132,19 +122,19 @@ def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model_files, tm
     assert sorted(os.listdir(out)) == sorted(["keep.txt", *previous])
 
 
-def test_no_action_flag(tiny_model_files, tmp_path):
-    result = run_classifier(*user_task_args(tiny_model_files, tmp_path / "out"))
+def test_no_action_flag(tiny_model, tmp_path):
+    result = run_classifier(*user_task_args(tiny_model, tmp_path / "out"))
     assert result.returncode != 0 and "at least one of --do_train" in result.stderr
 
 
 @pytest.mark.parametrize("task, keys", [("MRPC", {"eval_accuracy", "eval_f1", "eval_acc_and_f1"}),
                                          ("STS-B", {"eval_pearson", "eval_spearman", "eval_corr"}),
                                          ("CoLA", {"eval_mcc", "eval_accuracy"})])
-def test_glue_real_layouts_eval_and_predict(tiny_model_files, tmp_path, task, keys):
+def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, task, keys):
     data_dir = shared_path("fixtures", "glue", task)
     out = tmp_path / "out"
     has_test = (data_dir / "test.tsv").exists()  # the MRPC sample has no test file
-    args = user_task_args(tiny_model_files, out, "--do_eval", *(["--do_predict"] if has_test else []))
+    args = user_task_args(tiny_model, out, "--do_eval", *(["--do_predict"] if has_test else []))
     args = [a for a in args if not a.startswith(("--task_name", "--data_dir", "--index_column"))]
     result = run_classifier(f"--task_name={task}", f"--data_dir={data_dir}", *args)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -11,10 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_VOCAB, shared_path
+from conftest import REPO, shared_path
 
-TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
 # Every word has one tag, so the task is learnable word by word; "dogs", "unwanted" and "running"
 # are several word pieces (dog ##s, un ##want ##ed, runn ##ing) and "running lowest" is a two-word entity.
 ENTITIES = [[("cat", "B-PER")], [("dogs", "B-ORG")], [("unwanted", "B-MISC")],
@@ -70,14 +68,6 @@ def sentences_of(path, gold_col, pred_col):
         g.append(fields[gold_col])
         p.append(fields[pred_col])
     return gold, pred
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_model")
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
-    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
-    return folder
 
 
 @pytest.fixture(scope="module")

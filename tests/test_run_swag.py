@@ -12,10 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_VOCAB, shared_path
+from conftest import REPO, shared_path
 
-TINY_CONFIG = dict(vocab_size=len(TINY_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, type_vocab_size=2, max_position_embeddings=64)
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label"]
 CONTEXTS = ["the cat sat on the mat .", "hello , how are you ?", "a dog sat .", "the mat !"]
@@ -40,14 +38,6 @@ def write_csv(path, rows, header=HEADER):
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_model")
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
-    (folder / "bert_config.json").write_text(json.dumps(TINY_CONFIG))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,10 @@ from bert_tf.serving.tokenizer import pack_pair
 
 class TaggingServing(ServingModule):
     """serving_default(text string [B]) -> words string [B, S] and tags string [B, S] ("" padding),
-    num_words int32 [B]. A word's tag is the one predicted on its first wordpiece (the paper's
-    CoNLL setup); words past max_seq_length - 2 pieces are dropped. serve_ids -> logits [B, S, L],
-    tag (per position) string [B, S]."""
+    probabilities float32 [B, S, L] (each word's tag distribution, zeros padding), num_words int32 [B].
+    A word's tag is the one predicted on its first wordpiece (the paper's CoNLL setup); words past
+    max_seq_length - 2 pieces are dropped (bert_tf.serving.windows: a tagger trained with --doc_stride
+    windows them instead). serve_ids -> logits [B, S, L], tag (per position) string [B, S]."""
 
     def __init__(self, model, tokenizer, options, metadata_file, kept_variables=None):
         super().__init__(model, tokenizer, options, metadata_file, kept_variables)
@@ -37,23 +38,37 @@ class TaggingServing(ServingModule):
         logits = pad_positions(tf.cast(self._model(our_names(hub)), tf.float32), tf.shape(hub["input_mask"])[1])  # [B, S, L]
         return logits, tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
 
+    def _word_outputs(self, words, word_logits, width):
+        """words string [B, (W)] and their logits float32 [B, (W), L] -> serving_default's outputs, padded to
+        [B, width] ("" / zeros past each row's words)."""
+        flat = word_logits.flat_values  # [all words, L]
+        predicted = word_logits.with_flat_values(tf.argmax(flat, axis=-1, output_type=tf.int32))
+        probabilities = word_logits.with_flat_values(tf.nn.softmax(flat, axis=-1))
+        shape = tf.stack([tf.shape(words.row_lengths())[0], width])
+        return {"words": words.to_tensor("", shape=shape),
+                "tags": tf.gather(self._labels, predicted).to_tensor("", shape=shape),
+                "probabilities": probabilities.to_tensor(0.0, shape=tf.concat([shape, [tf.shape(flat)[1]]], 0)),
+                "num_words": tf.cast(words.row_lengths(), tf.int32)}
+
+    def _words(self, text):
+        """string [B] -> words string [B, (W)], the index of each word's first piece among its text's pieces
+        int64 [B, (W)], the pieces' ids int64 [B, (T)]."""
+        words = self.tokenizer.words(text)
+        pieces = self.tokenizer.wordpieces(words)  # [B, (W), (P)]
+        return words, tf.math.cumsum(pieces.row_lengths(axis=2), axis=1, exclusive=True), pieces.merge_dims(-2, -1)
+
     @tf.function(autograph=False, input_signature=[string_spec("text")])
     def serve_text(self, text):
-        words = self.tokenizer.words(text)  # [B, (W)]
-        pieces = self.tokenizer.wordpieces(words)  # [B, (W), (P)]
-        ids = pieces.merge_dims(-2, -1)  # [B, (T)]
+        words, first, ids = self._words(text)
         hub = pack_pair(ids, ids[:, :0], self.max_seq_length, self._cls_id, self._sep_id)
-        _, predicted = self._predict(hub)
-        counts = pieces.row_lengths(axis=2)  # [B, (W)]
-        first = tf.math.cumsum(counts, axis=1, exclusive=True) + 1  # [B, (W)]: after [CLS]
+        logits, _ = self._predict(hub)  # [B, S, L]
+        first += 1  # after [CLS]
         # A word survives if its first piece does; survivors are a prefix of each row.
-        num_words = tf.reduce_sum(tf.cast(first <= self.max_seq_length - 2, tf.int32), axis=1)  # [B]
-        shape = [None, self.max_seq_length]
-        first = first.to_tensor(0, shape=shape)  # [B, S]
-        valid = tf.range(self.max_seq_length)[None, :] < num_words[:, None]  # [B, S]
-        tags = tf.gather(self._labels, tf.gather(predicted, tf.cast(first, tf.int32), batch_dims=1))  # [B, S]
-        return {"words": tf.where(valid, words.to_tensor("", shape=shape), ""),
-                "tags": tf.where(valid, tags, ""), "num_words": num_words}
+        kept = first <= self.max_seq_length - 2
+        first = tf.ragged.boolean_mask(first, kept)
+        at = tf.stack([first.value_rowids(), first.flat_values], axis=1)
+        return self._word_outputs(tf.ragged.boolean_mask(words, kept), first.with_flat_values(tf.gather_nd(logits, at)),
+                                  self.max_seq_length)
 
     @tf.function(autograph=False, input_signature=[ids_specs()])
     def serve_ids(self, inputs):

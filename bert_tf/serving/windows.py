@@ -1,4 +1,5 @@
-"""Serving a classifier trained with --long_inputs=windows: long texts are windowed inside the graph.
+"""Serving a model trained on windows (classifier --long_inputs=windows, NER --doc_stride): long texts are
+windowed inside the graph.
 
 `windowed(ClassifierServing or RegressionServing, doc_stride, aggregation)` is that module with
 its text signatures (serving_default, serve_text) cutting each text into the windows the runner
@@ -8,15 +9,32 @@ running the model on every window and aggregating their logits per input as
 bert_tf.tasks.windows.aggregate_windows does (mean, max or first). serve_ids and preprocess stay
 one row per input (truncated). The export metadata records the settings.
 
-Dimensions: B inputs, W windows, S max_seq_length, L labels.
+`windowed(TaggingServing, doc_stride)` is the tagger with serving_default cutting each text's pieces
+into the windows run_ner.py makes with --doc_stride (bert_tf.tasks.conll) and tagging each word in
+the window where its first piece has the most context (SQuAD's rule, as the runner:
+bert_tf.tasks.windows.check_is_max_context), so every word of a long text gets one tag.
+
+Dimensions: B inputs, W windows, S max_seq_length, L labels, N words.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tensorflow as tf
 
 from bert_tf.serving.module import our_names, string_spec
+from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import pack_pair
+from bert_tf.tasks.windows import MAX_CONTEXT_LENGTH_WEIGHT
+
+
+def window_steps(n: tf.Tensor, room, doc_stride: int):
+    """int64 [B] pieces to window, room (pieces per window, [B] or a number) -> (the pieces between two
+    windows' starts, the number of windows) int64 [B] each: as bert_tf.tasks.windows.doc_spans_for."""
+    room = tf.broadcast_to(tf.cast(room, tf.int64), tf.shape(n))
+    step = tf.minimum(room, doc_stride)
+    return step, 1 + (tf.maximum(n - room, 0) + step - 1) // step
 
 
 def window_inputs(ids_a: tf.RaggedTensor, ids_b: tf.RaggedTensor, seq_length: int, doc_stride: int, cls_id, sep_id):
@@ -29,9 +47,8 @@ def window_inputs(ids_a: tf.RaggedTensor, ids_b: tf.RaggedTensor, seq_length: in
     cut = tf.concat([tf.ragged.boolean_mask(ids_a, tf.logical_not(keep_a)), ids_b], axis=1)  # what windows run over
     room = tf.where(pair, seq_length - 3 - len_a, tf.cast(seq_length - 2, tf.int64))  # [B]
     tf.debugging.assert_positive(room, "a text_a leaves no room for text_b in max_seq_length")
-    step = tf.minimum(room, doc_stride)
     n = cut.row_lengths()
-    count = 1 + (tf.maximum(n - room, 0) + step - 1) // step  # [B]
+    step, count = window_steps(n, room, doc_stride)  # [B]
     example = tf.repeat(tf.range(tf.size(count, out_type=tf.int64)), count)  # [W]
     start = tf.ragged.range(count).flat_values * tf.gather(step, example)  # [W]
     length = tf.minimum(tf.gather(room, example), tf.gather(n, example) - start)
@@ -42,6 +59,36 @@ def window_inputs(ids_a: tf.RaggedTensor, ids_b: tf.RaggedTensor, seq_length: in
     text_a = tf.concat([fixed_w, tf.ragged.boolean_mask(pieces, tf.logical_not(in_pair))], axis=1)
     text_b = tf.ragged.boolean_mask(pieces, in_pair)
     return pack_pair(text_a, text_b, seq_length, cls_id, sep_id), tf.cast(example, tf.int32), count
+
+
+def max_context_windows(first: tf.RaggedTensor, n: tf.Tensor, room: int, doc_stride: int):
+    """The window each piece is read in: of the windows holding it, the one giving it the most context.
+
+    first: int64 [B, (N)] a piece of each word (its first) as an index among its text's pieces, n: int64 [B]
+    the texts' piece counts, windowed as window_inputs does for one text (room max_seq_length - 2).
+    Returns int64 [B, (N)] each: the window's index among all windows (window_inputs' order) and the
+    piece's position in it (after [CLS]). The score is bert_tf.tasks.windows.check_is_max_context's
+    (min(left, right) + 0.01 * window length, in float64 as there), the first window winning ties.
+    """
+    step, count = window_steps(n, room, doc_stride)  # [B]
+    text = first.value_rowids()  # [N]
+    piece = first.flat_values
+    step_n, count_n, n_n = (tf.gather(x, text) for x in (step, count, n))
+    # Window k holds the piece when k * step <= piece < k * step + room: lo..hi.
+    lo = tf.maximum(tf.math.floordiv(piece - room, step_n) + 1, 0)
+    hi = tf.minimum(piece // step_n, count_n - 1)
+    candidates = tf.ragged.range(lo, hi + 1)  # [N, (K)]
+    word = candidates.value_rowids()
+    k = candidates.flat_values
+    start = k * tf.gather(step_n, word)
+    length = tf.minimum(tf.cast(room, tf.int64), tf.gather(n_n, word) - start)
+    left = tf.gather(piece, word) - start
+    score = tf.cast(tf.minimum(left, length - 1 - left), tf.float64) + \
+        MAX_CONTEXT_LENGTH_WEIGHT * tf.cast(length, tf.float64)
+    best = tf.gather(tf.math.segment_max(score, word), word)
+    owner = tf.math.segment_min(tf.where(score == best, k, tf.reduce_max(count) + 1), word)  # [N]
+    window = tf.gather(tf.cumsum(count, exclusive=True), text) + owner
+    return first.with_flat_values(window), first.with_flat_values(piece - owner * step_n + 1)
 
 
 def aggregate(logits: tf.Tensor, example: tf.Tensor, count: tf.Tensor, aggregation: str) -> tf.Tensor:
@@ -87,10 +134,41 @@ class _Windows:
                     serve_text=self.serve_windowed_single)
 
 
-def windowed(serving_class: type, doc_stride: int, aggregation: str) -> type:
-    """`serving_class` (ClassifierServing or RegressionServing) with windowed text signatures."""
+class _TaggingWindows:
+    """The tagger's serving_default, windowed (mixed in by `windowed`)."""
+
+    doc_stride = 128
+
+    @classmethod
+    def metadata_entries(cls, options):
+        return dict(super().metadata_entries(options), long_inputs="windows", doc_stride=cls.doc_stride,
+                    window_tags="max_context")
+
+    @tf.function(autograph=False, input_signature=[string_spec("text")])
+    def serve_windowed_text(self, text):
+        words, first, ids = self._words(text)  # [B, (N)], [B, (N)], [B, (T)]
+        hub, _, _ = window_inputs(ids, ids[:, :0], self.max_seq_length, self.doc_stride, self._cls_id, self._sep_id)
+        logits, _ = self._predict(hub)  # [W, S, L]
+        window, position = max_context_windows(first, ids.row_lengths(), self.max_seq_length - 2, self.doc_stride)
+        word_logits = tf.gather_nd(logits, tf.stack([window.flat_values, position.flat_values], axis=1))
+        width = tf.maximum(self.max_seq_length, tf.cast(tf.reduce_max(words.row_lengths()), tf.int32))
+        return self._word_outputs(words, words.with_flat_values(word_logits), width)
+
+    def signatures(self):
+        return dict(super().signatures(), serving_default=self.serve_windowed_text)
+
+
+def windowed(serving_class: type, doc_stride: int, aggregation: Optional[str] = None) -> type:
+    """`serving_class` with windowed text signatures: ClassifierServing or RegressionServing (aggregation
+    mean, max or first), or TaggingServing (no aggregation: each word is tagged in its max-context window)."""
     if doc_stride < 1:
         raise ValueError(f"doc_stride must be positive, got {doc_stride}")
-    aggregate(tf.zeros([1, 1]), tf.zeros([1], tf.int32), tf.ones([1], tf.int64), aggregation)  # a bad name: now
-    return type(f"Windowed{serving_class.__name__}", (_Windows, serving_class),
-                {"doc_stride": int(doc_stride), "aggregation": aggregation})
+    if issubclass(serving_class, TaggingServing):
+        if aggregation is not None:
+            raise ValueError(f"a tagger tags each word in its max-context window; window aggregation {aggregation!r} "
+                             "does not apply")
+        mixin, settings = _TaggingWindows, {}
+    else:
+        aggregate(tf.zeros([1, 1]), tf.zeros([1], tf.int32), tf.ones([1], tf.int64), aggregation)  # a bad name: now
+        mixin, settings = _Windows, {"aggregation": aggregation}
+    return type(f"Windowed{serving_class.__name__}", (mixin, serving_class), {"doc_stride": int(doc_stride), **settings})
