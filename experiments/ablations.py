@@ -279,7 +279,7 @@ def main(_):
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
-    for name in ("bert_tf.training", "bert_tf.finetuning", "bert_tf.classifier", "bert_tf.squad",
+    for name in ("bert_tf.training", "bert_tf.pretrained", "bert_tf.classifier", "bert_tf.squad",
                  "bert_tf.runners", "bert_tf.pretraining", "bert_tf.data"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per run from here instead
     from bert_tf.pretrained import resolve_pretrained

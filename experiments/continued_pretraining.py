@@ -232,7 +232,7 @@ def main(_):
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
-    for name in ("bert_tf.training", "bert_tf.finetuning", "bert_tf.classifier", "bert_tf.runners", "bert_tf.data"):
+    for name in ("bert_tf.training", "bert_tf.pretrained", "bert_tf.classifier", "bert_tf.runners", "bert_tf.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
     from bert_tf.pretrained import resolve_pretrained
     from bert_tf.resources import SAMPLE_CORPUS, pretrained_minilm_dir
