@@ -129,7 +129,7 @@ def cited_words(text: str) -> list:
     """(line number, span, word) for each word of each backticked span outside fenced code blocks."""
     found = []
     text = re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.M | re.S)
-    for match in re.finditer(r"`([^`\n]+)`", text):
+    for match in re.finditer(r"`([^`]+)`", text):  # a span may wrap onto the next line
         span = match.group(1)
         line = text.count("\n", 0, match.start()) + 1
         for word in re.sub(r"\(.*$", "", span).split():
