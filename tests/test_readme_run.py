@@ -544,7 +544,7 @@ def run_command(w: pathlib.Path, kind: str, text: str, values: dict, timeout: in
         script = w / f"readme_snippet_{index}.py"
         script.write_text(text, encoding="utf-8")
         argv = [str(VENV_BIN / "python"), script.name]
-        shown = f"python {script.name}  (the README's snippet as written)"
+        shown = f"python {script.name}  (the snippet as written)"
     else:
         command = substitute(text, values)
         argv = ["bash", "-c", command]
