@@ -22,8 +22,11 @@ cites a project name, and is checked, when it has one of these forms:
    (`BertConfig.named`, `PackedExamples.unpack`): the member, as in 2.
 
 A word whose last part is a file extension other than .py (`vocab.txt`, `bert_tf_info.json`) names a
-data file, and a word whose first part is neither a project module nor a project class (`tf.data`,
-`keras.ops`, `hub.KerasLayer`) names someone else's API: neither is checked. So a module's name is not
+data file, and a word whose first part is a library of LIBRARIES (`tf.data`, `keras.ops`,
+`hub.KerasLayer`) names someone else's API: neither is checked. Any other dotted word (one whose first
+part is no project module, project class or library, e.g. a module that was moved away) is an error;
+words with `/` that name no project module (TensorBoard tags such as `run/flags`, variable names such
+as `cls/squad/output_weights`) are not checked. So a module's name is not
 used for anything else in backticks (a variable named `strategy` would read as training/strategy.py).
 """
 
@@ -38,6 +41,11 @@ PAGES = ["README.md"] + [f"docs/{p.name}" for p in sorted((REPO / "docs").glob("
 CODE_DIRS = ("bert_tf", "tests", "benchmarks", "experiments", "scripts")
 DATA_EXTENSIONS = {"txt", "json", "jsonl", "tsv", "csv", "md", "ckpt", "index", "safetensors", "tfrecord", "gz",
                    "pb", "keras", "sh", "toml", "cfg", "log", "yaml"}
+# Other projects' modules a page may cite as `<module>.<name>`. A dotted name whose first part is none of
+# these, no project module and no project class is an error: a module that was moved or removed.
+LIBRARIES = {"tf", "tensorflow", "tensorflow_text", "text", "keras", "ops", "hub", "np", "numpy", "json", "os",
+             "transformers", "torch", "beam", "apache_beam", "onnxruntime", "safetensors", "absl", "flags",
+             "bert", "cls"}  # the last two: checkpoint variable names in Hugging Face's dotted spelling
 WORD = r"[A-Za-z_][\w-]*"
 FILE_REF = re.compile(rf"^((?:{WORD}/)*{WORD})\.py(?:::({WORD})(?:::({WORD}))?)?$")
 NAME_REF = re.compile(rf"^{WORD}(?:[./]{WORD})+$")
@@ -165,6 +173,8 @@ def check_word(word: str):
         if any(parts[1] in class_members(path, node) for path, node in classes[parts[0]]):
             return ""
         return f"no project class {parts[0]} defines {parts[1]}"
+    if "/" not in word and parts[0] not in LIBRARIES:  # `finetuning.resolve_pretrained` after finetuning.py went
+        return f"{parts[0]} is neither a project module or class nor a library in LIBRARIES"
     return None
 
 
