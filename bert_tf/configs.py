@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from bert_tf import fileio
 from bert_tf.fileio import write_text_atomic
@@ -290,6 +290,62 @@ _CASED_PREFIXES = ("cased_L-12_H-768_A-12", "cased_L-24_H-1024_A-16", "multi_cas
 
 class CasingMismatchError(ValueError):
     """`do_lower_case` disagrees with how the checkpoint was trained."""
+
+
+# What a fine-tuned (or pretrained) model dir holds: bert_tf_info.json's task_type, each with its model
+# builder in bert_tf.model_dir.TASK_MODELS.
+TASK_TYPES = ("classification", "regression", "span", "multiple_choice", "tagging", "pretraining")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """The task of a fine-tuned model dir as bert_tf_info.json records it: what builds its model
+    (bert_tf.model_dir.TASK_MODELS), what a resumed run must match (MATCHED), and the task's settings that the export
+    and later runs read. A runner's FinetuneTask.setup makes one; `from_info` reads one back (with a
+    one-line error for a field of the wrong kind); `to_info` is its part of bert_tf_info.json.
+    """
+
+    task_type: str
+    task: Optional[str] = None  # e.g. "MRPC", "user", "squad", "swag", "ner"
+    label_list: Optional[Tuple[str, ...]] = None  # classification and tagging
+    num_choices: Optional[int] = None  # multiple choice
+    feature_based: bool = False  # tagging: the BiLSTM on frozen features (run_ner.py --feature_based)
+    feature_layers: Optional[str] = None  # its layer combination spec
+    causal_attention: bool = False  # a left-to-right (--objective=ltr) encoder
+    # settings, not matched on resume: windows (classifier, tagger) and SQuAD's lengths
+    long_inputs: Optional[str] = None
+    doc_stride: Optional[int] = None
+    window_aggregation: Optional[str] = None
+    version_2_with_negative: Optional[bool] = None
+    max_query_length: Optional[int] = None
+
+    MATCHED = ("task_type", "task", "label_list", "num_choices", "feature_based", "feature_layers")
+
+    @classmethod
+    def from_info(cls, info: dict) -> "TaskRecord":
+        task_type = info.get("task_type")
+        if task_type not in TASK_TYPES:
+            raise ConfigError(f"{RUN_INFO_FILE}: task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        record = cls(**{k: v for k, v in info.items() if k in fields and k != "label_list"},
+                     label_list=None if info.get("label_list") is None else tuple(info["label_list"]))
+        if task_type in ("classification", "tagging") and not (
+                isinstance(info.get("label_list"), list) and info["label_list"]
+                and all(isinstance(x, str) for x in info["label_list"])):
+            raise ConfigError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task_type}")
+        if task_type == "multiple_choice" and not (isinstance(record.num_choices, int) and record.num_choices >= 2):
+            raise ConfigError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
+        if record.feature_based and not isinstance(record.feature_layers, str):
+            raise ConfigError(f"{RUN_INFO_FILE}: feature_layers must be a layer combination for a feature-based tagger")
+        return record
+
+    def to_info(self) -> dict:
+        """The fields that say something (None left out, and the two flags when off), label_list a JSON list."""
+        info = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None
+                and not (f.name in ("feature_based", "causal_attention") and not getattr(self, f.name))}
+        if self.label_list is not None:
+            info["label_list"] = list(self.label_list)
+        return info
 
 
 def write_run_info(model_dir: str, *, do_lower_case: bool, **extra) -> None:

@@ -22,7 +22,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from bert_tf.configs import RUN_INFO_FILE, BertConfig, read_run_info, write_run_info
+from bert_tf.configs import (
+    RUN_INFO_FILE,
+    TASK_TYPES,
+    BertConfig,
+    ConfigError,
+    TaskRecord,
+    read_run_info,
+    write_run_info,
+)
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models import (
     BertClassifier,
@@ -177,17 +185,15 @@ def check_config(model_dir: str, config: BertConfig) -> None:
             "use a new --output_dir or pass --overwrite_output_dir")
 
 
-def write_finetuned(model_dir: str, config: BertConfig, vocab_file: str, *, causal: bool = False,
-                    do_lower_case: bool, max_seq_length: int, task_type: str, **info) -> None:
-    """The side files of a fine-tuned model; refuses a model_dir whose checkpoints have another bert_config."""
+def write_finetuned(model_dir: str, config: BertConfig, vocab_file: str, record: TaskRecord, *,
+                    do_lower_case: bool, max_seq_length: int) -> None:
+    """The side files of a fine-tuned model; refuses a model_dir whose checkpoints have another bert_config.
+    A causal record makes the export and later fine-tuning rebuild the causal encoder."""
     check_config(model_dir, config)
     tf.io.gfile.makedirs(model_dir)
     write_config(model_dir, config)
     copy_vocab(vocab_file, model_dir)
-    if causal:
-        info.setdefault("causal_attention", True)  # the export and later fine-tuning rebuild the causal encoder
-    write_run_info(model_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length),
-                   task_type=task_type, **info)
+    write_run_info(model_dir, do_lower_case=do_lower_case, max_seq_length=int(max_seq_length), **record.to_info())
 
 
 def copy_side_files(source_dir: str, target_dir: str) -> None:
@@ -196,16 +202,18 @@ def copy_side_files(source_dir: str, target_dir: str) -> None:
         tf.io.gfile.copy(os.path.join(source_dir, name), os.path.join(target_dir, name), overwrite=True)
 
 
-def check_matches(model_dir: str, task_type: str, config: Optional[BertConfig] = None, **expected) -> None:
-    """Refuses to resume into a model_dir that holds a different task's checkpoints, or (given `config`)
-    checkpoints of another bert_config (check_config). Reads only."""
+def check_matches(model_dir: str, record: TaskRecord, config: Optional[BertConfig] = None) -> None:
+    """Refuses to resume into a model_dir that holds a different task's checkpoints (TaskRecord.MATCHED),
+    or (given `config`) checkpoints of another bert_config (check_config). Reads only."""
     if config is not None:
         check_config(model_dir, config)
     info = read_run_info(model_dir)
     if not info or not has_checkpoint(model_dir):
         return
-    for key, value in dict(task_type=task_type, **expected).items():
-        if key in info and info[key] != value:
+    expected = record.to_info()
+    for key in TaskRecord.MATCHED:
+        value = expected.get(key)
+        if key in info and value is not None and info[key] != value:
             raise ModelDirError(f"{model_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir")
 
 
@@ -230,46 +238,35 @@ def read(model_dir: str) -> Tuple[BertConfig, dict]:
 
 
 # ------------------------------------------------------------------ task type -> model
-def _labels(info: dict, task_type: str) -> int:
-    labels = info.get("label_list")
-    if not isinstance(labels, list) or not labels:
-        raise ModelDirError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task_type}")
-    return len(labels)
+def _classifier(encoder, record, skip_padding):
+    return BertClassifier(encoder, num_labels=len(record.label_list), skip_padding=skip_padding)
 
 
-def _classifier(encoder, info, skip_padding):
-    return BertClassifier(encoder, num_labels=_labels(info, "classification"), skip_padding=skip_padding)
-
-
-def _regressor(encoder, info, skip_padding):
+def _regressor(encoder, record, skip_padding):
     return BertClassifier(encoder, num_labels=1, skip_padding=skip_padding)
 
 
-def _span_labeler(encoder, info, skip_padding):
+def _span_labeler(encoder, record, skip_padding):
     return BertSpanLabeler(encoder)
 
 
-def _multiple_choice(encoder, info, skip_padding):
-    num_choices = info.get("num_choices")
-    if not isinstance(num_choices, int) or num_choices < 2:
-        raise ModelDirError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
-    return BertMultipleChoice(encoder, num_choices=num_choices, skip_padding=skip_padding)
+def _multiple_choice(encoder, record, skip_padding):
+    return BertMultipleChoice(encoder, num_choices=record.num_choices, skip_padding=skip_padding)
 
 
-def _tagger(encoder, info, skip_padding):
-    """BertTokenClassifier; with "feature_based" the BiLSTM on frozen features (run_ner.py --feature_based)."""
-    num_labels = _labels(info, "tagging")
-    if info.get("feature_based"):
-        layers = parse_layer_combination(info["feature_layers"]).fit(encoder.config.num_hidden_layers)
-        return BiLSTMFeatureTagger(encoder, num_labels, layers)
-    return BertTokenClassifier(encoder, num_labels=num_labels)
+def _tagger(encoder, record, skip_padding):
+    """BertTokenClassifier; feature-based: the BiLSTM on frozen features (run_ner.py --feature_based)."""
+    if record.feature_based:
+        layers = parse_layer_combination(record.feature_layers).fit(encoder.config.num_hidden_layers)
+        return BiLSTMFeatureTagger(encoder, len(record.label_list), layers)
+    return BertTokenClassifier(encoder, num_labels=len(record.label_list))
 
 
-def _pretrainer(encoder, info, skip_padding):
+def _pretrainer(encoder, record, skip_padding):
     return BertPretrainer(encoder.config, encoder=encoder, skip_padding=skip_padding)
 
 
-# task_type (bert_tf_info.json) -> builder(encoder, run info, skip_padding) of the task model on that encoder.
+# task_type -> builder(encoder, TaskRecord, skip_padding) of the task model on that encoder.
 # skip_padding: the models whose heads read the [CLS] or masked positions only run their dense layers
 # on real tokens (bert_tf/models/encoder.py); training under XLA builds them with it off.
 TASK_MODELS: Dict[str, Callable] = {
@@ -280,17 +277,18 @@ TASK_MODELS: Dict[str, Callable] = {
     "tagging": _tagger,
     "pretraining": _pretrainer,
 }
-TASK_TYPES = tuple(TASK_MODELS)
+assert tuple(TASK_MODELS) == TASK_TYPES, "a task type without its model builder (or the reverse)"
 
 
-def build_task_model(config: BertConfig, info: dict, skip_padding: bool = True):
-    """The freshly initialised model that `info["task_type"]` names, on a new encoder of `config`
-    (causal when info records "causal_attention": a left-to-right --objective=ltr encoder)."""
-    task_type = info.get("task_type")
-    if task_type not in TASK_MODELS:
-        raise ModelDirError(f"{RUN_INFO_FILE}: task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
-    encoder = BertEncoder(config, causal=bool(info.get("causal_attention", False)))
-    return TASK_MODELS[task_type](encoder, info, skip_padding)
+def build_task_model(config: BertConfig, info, skip_padding: bool = True):
+    """The freshly initialised model that a TaskRecord (or bert_tf_info.json's dict: TaskRecord.from_info)
+    names, on a new encoder of `config` (causal for a left-to-right --objective=ltr encoder)."""
+    try:
+        record = info if isinstance(info, TaskRecord) else TaskRecord.from_info(info)
+    except ConfigError as e:
+        raise ModelDirError(str(e)) from None
+    encoder = BertEncoder(config, causal=bool(record.causal_attention))
+    return TASK_MODELS[record.task_type](encoder, record, skip_padding)
 
 
 def restore(model_dir: str, checkpoint: Optional[str] = None):

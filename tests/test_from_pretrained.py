@@ -8,7 +8,7 @@ import tensorflow as tf
 from conftest import shared_path
 
 from bert_tf import checkpoints, model_dir
-from bert_tf.configs import BertConfig
+from bert_tf.configs import BertConfig, TaskRecord
 from bert_tf.models import BertClassifier, BertEncoder, BertMultipleChoice, BertPretrainer
 from bert_tf.pretrained import BertTokenizer, FinetuneError, from_pretrained, resolve_pretrained
 from bert_tf.tasks.glue import InputExample, convert_examples_to_features
@@ -114,17 +114,17 @@ def test_hugging_face_folder(tmp_path, classifier, vocab_file):
     np.testing.assert_allclose(encoder(x)["pooled_output"], classifier.encoder(x)["pooled_output"], atol=1e-6)
 
 
-def write_model_dir(model, folder, vocab_file, **info):
+def write_model_dir(model, folder, vocab_file, record, **casing_and_length):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=1,
                                          checkpoint_name=model_dir.CHECKPOINT_NAME)
     manager.save(checkpoint_number=7)
-    model_dir.write_finetuned(str(folder), model.encoder.config, vocab_file, **info)
+    model_dir.write_finetuned(str(folder), model.encoder.config, vocab_file, record, **casing_and_length)
     return str(folder)
 
 
 def test_bert_tf_model_dir(tmp_path, classifier, vocab_file):
-    folder = write_model_dir(classifier, tmp_path / "run", vocab_file, do_lower_case=True, max_seq_length=11,
-                             task_type="classification", label_list=["no", "yes"])
+    folder = write_model_dir(classifier, tmp_path / "run", vocab_file, TaskRecord("classification", label_list=("no", "yes")),
+                             do_lower_case=True, max_seq_length=11)
     tokenizer = BertTokenizer.from_pretrained(folder)
     assert tokenizer.do_lower_case is True and tokenizer.max_seq_length == 11  # bert_tf_info.json
     x = tokenizer(TEXTS, PAIRS)
@@ -142,8 +142,9 @@ def test_bert_tf_model_dir(tmp_path, classifier, vocab_file):
 def test_causal_model_dir_gives_a_causal_model(tmp_path, vocab_file):
     source = BertMultipleChoice(BertEncoder(TINY, causal=True), num_choices=2)
     randomize(source, seed=1)
-    folder = write_model_dir(source, tmp_path / "ltr", vocab_file, do_lower_case=True, max_seq_length=8,
-                             task_type="multiple_choice", num_choices=2, causal=True)
+    folder = write_model_dir(source, tmp_path / "ltr", vocab_file,
+                             TaskRecord("multiple_choice", num_choices=2, causal_attention=True),
+                             do_lower_case=True, max_seq_length=8)
     model = from_pretrained(BertMultipleChoice, folder, num_choices=2)
     assert model.encoder.causal
     tokenizer = BertTokenizer.from_pretrained(folder)

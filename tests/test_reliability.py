@@ -532,19 +532,20 @@ def test_overwrite_never_deletes_the_init_checkpoint(script, data, pretrained_di
 
 
 def test_finetuning_output_dir_of_another_model_is_refused(tmp_path):
+    from bert_tf.configs import TaskRecord
     from bert_tf.model_dir import ModelDirError, write_finetuned
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n")
     small = BertConfig(vocab_size=4, **TINY)
     out = tmp_path / "out"
-    write_finetuned(str(out), small, str(vocab), do_lower_case=True, max_seq_length=32, task_type="classification")
+    record = TaskRecord("classification", label_list=("a", "b"))
+    write_finetuned(str(out), small, str(vocab), record, do_lower_case=True, max_seq_length=32)
     (out / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')  # a run's checkpoints are there
     bigger = small.replace(hidden_size=32, num_hidden_layers=2)
     with pytest.raises(ModelDirError, match=r"holds the checkpoints of a run with a different bert_config "
                        r"\(hidden_size, num_hidden_layers\); use a new --output_dir or pass --overwrite_output_dir"):
-        write_finetuned(str(out), bigger, str(vocab), do_lower_case=True, max_seq_length=32,
-                        task_type="classification")
+        write_finetuned(str(out), bigger, str(vocab), record, do_lower_case=True, max_seq_length=32)
     assert BertConfig.from_json_file(str(out / "bert_config.json")) == small
 
 

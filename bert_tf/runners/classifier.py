@@ -23,6 +23,7 @@ from typing import Dict
 import numpy as np
 import tensorflow as tf
 
+from bert_tf.configs import TaskRecord
 from bert_tf.fileio import write_text_atomic
 from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
@@ -78,10 +79,10 @@ class ClassifierTask(FinetuneTask):
         self.eval_splits, self.predict_splits = self.spec.eval_splits, self.spec.test_splits
         self.primary_metric = {"mcc": "eval_mcc", "pearson_spearman": "eval_corr",
                                "f1_accuracy": "eval_acc_and_f1"}.get(self.spec.metric, "eval_accuracy")
-        recorded = dict(long_inputs=self.cfg.long_inputs)
-        if self.windows:
-            recorded.update(doc_stride=self.cfg.doc_stride, window_aggregation=self.cfg.window_aggregation)
-        return dict(task=self.spec.name, label_list=list(self.spec.labels or [])), recorded
+        windows = dict(doc_stride=self.cfg.doc_stride, window_aggregation=self.cfg.window_aggregation) \
+            if self.windows else {}
+        return TaskRecord(self.task_type, task=self.spec.name, label_list=tuple(self.spec.labels or ()),
+                          long_inputs=self.cfg.long_inputs, **windows)
 
     def featurize(self, split, tokenizer):
         examples = self.spec.read_examples(self.cfg.data_dir, split)

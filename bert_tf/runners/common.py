@@ -3,7 +3,7 @@
   1. check the request (something to do, a length the model holds) and that output_dir holds
      no other task's run nor another bert_config's (bert_tf.model_dir.check_matches);
   2. read and featurize every split asked for, before anything is written;
-  3. build the Trainer (training/loop.py) on the task model of bert_tf.model_dir.TASK_MODELS,
+  3. build the Trainer (training/loop.py) on the task model the task's record names (model_dir.TASK_MODELS),
      starting from the pretrained weights, resuming from output_dir's checkpoints;
   4. write the model directory's side files, once the checkpoint is restored and training saves
      (a refused or crashed start leaves output_dir as it was);
@@ -18,6 +18,7 @@ Dimensions: N examples, C choices, L labels.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Callable, Dict, Optional, Tuple
@@ -125,9 +126,8 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     check_request(cfg)
     settings, out = cfg.run, cfg.output_dir
     pretrained = settings.pretrained
-    identity, recorded = task.setup(pretrained)
-    model_dir.check_matches(out, task.task_type, pretrained.config, **identity)
-    info = dict(identity, **recorded)
+    record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
+    model_dir.check_matches(out, record, pretrained.config)
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
     check_packing(task, settings)
@@ -149,16 +149,15 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
     # 3. the Trainer on the task model, from the pretrained weights or output_dir's checkpoint
     def model_fn():
-        return model_dir.TASK_MODELS[task.task_type](pretrained.build_encoder(), info, skip_padding=not jit)
+        return model_dir.build_task_model(pretrained.config, record, skip_padding=not jit)
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
 
     # 4. the side files, written once the run has restored (or refused) output_dir's checkpoint and trains
     def write_side_files():  # once the run has restored (or refused) output_dir's checkpoint and trains
-        model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, causal=pretrained.causal,
-                                  do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length,
-                                  task_type=task.task_type, **info)
+        model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, record,
+                                  do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length)
 
     scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
     boards = {split: eval_writer(out, split, len(scoring), trainer.is_chief) for split in scoring}

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.configs import read_run_info
+from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.models.feature_tagger import DEFAULT_FEATURE_LAYERS
 from bert_tf.models.layer_combination import parse_layer_combination
 from bert_tf.pretrained import FinetuneError
@@ -158,13 +158,15 @@ class NerTask(FinetuneTask):
         cfg = self.cfg
         self.train_examples = read_split(cfg.data_dir, "train") if cfg.do_train else None
         self.labels, self.labels_from = _resolve_labels(cfg, self.train_examples)
-        info = dict(task=TASK_NAME, label_list=list(self.labels))
+        feature_layers = None
         if cfg.feature_based:
             layers = pretrained.config.num_hidden_layers
             combination = parse_layer_combination(cfg.feature_layers).fit(layers)
             combination.layer_indexes(layers)  # bad index: one line, before any work
-            info.update(feature_based=True, feature_layers=combination.spec)
-        return info, ({"doc_stride": cfg.doc_stride} if cfg.doc_stride else {})
+            feature_layers = combination.spec
+        return TaskRecord(self.task_type, task=TASK_NAME, label_list=tuple(self.labels),
+                          feature_based=bool(cfg.feature_based), feature_layers=feature_layers,
+                          doc_stride=cfg.doc_stride or None)
 
     def featurize(self, split, tokenizer):
         cfg = self.cfg

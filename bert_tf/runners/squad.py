@@ -30,6 +30,7 @@ import dataclasses
 import logging
 from typing import Dict, List, Optional, Tuple
 
+from bert_tf.configs import TaskRecord
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tasks import TaskDataError, squad, squad_metrics
 
@@ -237,8 +238,8 @@ class SquadTask(FinetuneTask):
 
     def setup(self, pretrained):
         cfg = self.cfg
-        return dict(task=TASK_NAME), dict(version_2_with_negative=cfg.version_2_with_negative,
-                                          doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
+        return TaskRecord(self.task_type, task=TASK_NAME, version_2_with_negative=cfg.version_2_with_negative,
+                          doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
 
     def featurize(self, split, tokenizer):
         cfg = self.cfg

@@ -19,6 +19,7 @@ from typing import Dict
 
 import numpy as np
 
+from bert_tf.configs import TaskRecord
 from bert_tf.fileio import write_text_atomic
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
@@ -60,7 +61,7 @@ class SwagTask(FinetuneTask):
         self.cfg = cfg
 
     def setup(self, pretrained):
-        return dict(task="swag", num_choices=swag.NUM_CHOICES), {}
+        return TaskRecord(self.task_type, task="swag", num_choices=swag.NUM_CHOICES)
 
     def featurize(self, split, tokenizer):
         """examples and arrays [N, C, S] + label_ids [N]; train/dev must carry labels."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from bert_tf.configs import TaskRecord
+
 if TYPE_CHECKING:
     from bert_tf.runners.settings import RunSettings
 
@@ -76,9 +78,9 @@ class FinetuneTask:
     not_packable: str = ""
     pack_pad_values: Dict[str, int] = {}
 
-    def setup(self, pretrained) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """Before any data is featurized: (the run info that must match a run being resumed,
-        further run info to record); both go to bert_tf_info.json and the model builder."""
+    def setup(self, pretrained) -> TaskRecord:
+        """Before any data is featurized: the task's record (labels, choices, settings), which builds
+        the model, must match a run being resumed, and goes to bert_tf_info.json."""
         raise NotImplementedError
 
     def featurize(self, split: str, tokenizer) -> Featurized:
