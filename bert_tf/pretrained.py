@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import checkpoints, model_dir
-from bert_tf.configs import BertConfig, check_casing, expected_casing, read_run_info
+from bert_tf.configs import BertConfig, TaskRecord, check_casing, expected_casing, read_run_info
 from bert_tf.models.encoder import BertEncoder
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
 from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab, vocab_builder
@@ -81,6 +81,12 @@ class Pretrained:
     def build_encoder(self):
         """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
         return BertEncoder(self.config, causal=self.causal)
+
+    def build_model(self, record: TaskRecord, skip_padding: bool = True):
+        """A fresh task model of this config that `record` names (model_dir.build_task_model), causal when
+        the checkpoint's encoder is."""
+        return model_dir.build_task_model(self.config, dataclasses.replace(record, causal_attention=self.causal),
+                                          skip_padding=skip_padding)
 
     def init_fn(self, model) -> None:
         """Loads the pretrained encoder (and any matching heads) into a fresh task model."""

@@ -7,7 +7,7 @@ Dimensions: N examples, S sequence length.
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -82,6 +82,14 @@ def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed:
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
+
+
+def training_input(arrays: Mapping[str, np.ndarray], *, seed: int = 12345,
+                   dynamic_padding: bool = True) -> Tuple[Callable, str]:
+    """(dataset_fn, input_id) of a training run over featurized arrays: arrays_dataset_fn's training
+    pipeline and the arrays' fingerprint, by which a resumed run knows it reads the same input."""
+    return (arrays_dataset_fn(arrays, training=True, seed=seed, dynamic_padding=dynamic_padding),
+            arrays_digest(arrays))
 
 
 class Predictor:
@@ -178,5 +186,6 @@ __all__ = [
     "Predictor",
     "arrays_dataset_fn",
     "arrays_digest",
+    "training_input",
     "trim_padding",
 ]

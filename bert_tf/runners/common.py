@@ -149,7 +149,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
     # 3. the Trainer on the task model, from the pretrained weights or output_dir's checkpoint
     def model_fn():
-        return model_dir.build_task_model(pretrained.config, record, skip_padding=not jit)
+        return pretrained.build_model(record, skip_padding=not jit)
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)
@@ -208,13 +208,11 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                    num_train_epochs=cfg.num_train_epochs, warmup_proportion=cfg.warmup_proportion,
                                    pack_sequences=pack, dynamic_padding=dynamic_padding,
                                    aux_lm_weight=settings.aux_lm_weight, eval_every_steps=eval_every))
-        dataset_fn = arrays.arrays_dataset_fn(train.packed.arrays if pack else train.arrays, training=True,
-                                                  seed=settings.train.seed, dynamic_padding=dynamic_padding)
-        train_arrays = train.packed.arrays if pack else train.arrays
+        dataset_fn, input_id = arrays.training_input(train.packed.arrays if pack else train.arrays,
+                                                     seed=settings.train.seed, dynamic_padding=dynamic_padding)
         results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                                            metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
-                                           output_dir=out, ordered=task.ordered_results,
-                                           input_id=arrays.arrays_digest(train_arrays),
+                                           output_dir=out, ordered=task.ordered_results, input_id=input_id,
                                            before_first_save=write_side_files if trainer.is_chief else None)
     else:
         if trainer.restore() is None and not pretrained.init_checkpoint:
