@@ -326,13 +326,15 @@ class TaskRecord:
         task_type = info.get("task_type")
         if task_type not in TASK_TYPES:
             raise ConfigError(f"{RUN_INFO_FILE}: task_type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+        labels = info.get("label_list")
+        needs_labels = task_type in ("classification", "tagging")
+        if (labels is not None or needs_labels) and not (
+                isinstance(labels, list) and all(isinstance(x, str) for x in labels) and (labels or not needs_labels)):
+            kind = "a non-empty list of str" if needs_labels else "a list of str"
+            raise ConfigError(f"{RUN_INFO_FILE}: label_list must be {kind} for task_type {task_type}")
         fields = {f.name for f in dataclasses.fields(cls)}
         record = cls(**{k: v for k, v in info.items() if k in fields and k != "label_list"},
-                     label_list=None if info.get("label_list") is None else tuple(info["label_list"]))
-        if task_type in ("classification", "tagging") and not (
-                isinstance(info.get("label_list"), list) and info["label_list"]
-                and all(isinstance(x, str) for x in info["label_list"])):
-            raise ConfigError(f"{RUN_INFO_FILE}: label_list must be a non-empty list of str for task_type {task_type}")
+                     label_list=None if labels is None else tuple(labels))
         if task_type == "multiple_choice" and not (isinstance(record.num_choices, int) and record.num_choices >= 2):
             raise ConfigError(f"{RUN_INFO_FILE}: num_choices must be an int >= 2 for task_type multiple_choice")
         if record.feature_based and not isinstance(record.feature_layers, str):

@@ -33,6 +33,7 @@ def test_record_round_trips_through_bert_tf_info(tmp_path):
     ({"task_type": "translation"}, "task_type 'translation'; expected one of classification"),
     ({"task_type": "classification"}, "label_list must be a non-empty list of str for task_type classification"),
     ({"task_type": "tagging", "label_list": [1, 2]}, "label_list must be a non-empty list of str"),
+    ({"task_type": "regression", "label_list": 5}, "label_list must be a list of str for task_type regression"),
     ({"task_type": "multiple_choice", "num_choices": 1}, "num_choices must be an int >= 2"),
     ({"task_type": "tagging", "label_list": ["O"], "feature_based": True}, "feature_layers must be"),
 ])
