@@ -6,6 +6,12 @@ Applied once when `bert_tf` is imported (every script imports it before TensorFl
     is limited to fatal lines (TF_CPP_MIN_LOG_LEVEL=3): no `failed call to cuInit` error
     line, no oneDNN / CPU-feature notes. Only when TF_CPP_MIN_LOG_LEVEL is unset or 2 (what
     the scripts set); a GPU machine keeps TensorFlow's messages and its GPUs.
+    TensorFlow 2.21 logs two lines through absl while `import tensorflow` runs, before
+    TF_CPP_MIN_LOG_LEVEL can reach them (`WARNING: All log messages before absl::InitializeLog()
+    ...` and `... cudart_stub.cc:...] Could not find cuda drivers ...`, each twice); on such a
+    machine the first import of tensorflow runs with the process's stderr (file descriptor 2,
+    where C++ writes) sent to a temporary file, and everything but exactly those lines is
+    written back to stderr after it (STARTUP_NOISE).
   * INFO lines that TensorFlow's own Python code logs through absl or its `tensorflow` logger
     (`signature_serialization` renames, `Sharding callback duration`, `Assets written to
     <temporary folder>`, ...) are dropped; its warnings and errors are kept.
@@ -15,16 +21,25 @@ Applied once when `bert_tf` is imported (every script imports it before TensorFl
 BERT_TF_VERBOSE=1 turns all three off (TensorFlow's own output and full tracebacks).
 """
 
+import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
 import sys
+import tempfile
 
 from bert_tf import fileio
 
 VERBOSE_ENV = "BERT_TF_VERBOSE"
 _TF_PACKAGE = f"{os.sep}tensorflow{os.sep}"
 _APPLIED = []
+# What TensorFlow 2.21's C++ code prints at import on a machine without CUDA, before its log level
+# can be set (module doc). Exact lines only: anything else TensorFlow prints then is passed through.
+STARTUP_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.")
 
 
 def verbose() -> bool:
@@ -49,6 +64,59 @@ class _TensorFlowInfoFilter(logging.Filter):
 
     def filter(self, record):
         return record.levelno >= logging.WARNING or _TF_PACKAGE not in record.pathname
+
+
+@contextlib.contextmanager
+def stderr_without(noise: "re.Pattern"):
+    """Within the block, lines written to file descriptor 2 (C++ and Python alike) are held in a
+    temporary file; after it, those that do not fully match `noise` are written to fd 2 in order."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if not noise.fullmatch(line.rstrip(b"\r\n").decode("utf-8", "replace"))]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+class _QuietFirstImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` (once, then leaves sys.meta_path) with a loader that executes the
+    package under stderr_without(STARTUP_NOISE)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader  # the package sees its own loader
+        with stderr_without(STARTUP_NOISE):
+            self._loader.exec_module(module)
 
 
 def _remote_path_in(message: str):
@@ -83,6 +151,7 @@ def apply() -> None:
     if "tensorflow" not in sys.modules and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") == "2":
         if not cuda_driver_present():
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+            sys.meta_path.insert(0, _QuietFirstImport())
     from absl import logging as absl_logging
 
     for logger in (absl_logging.get_absl_logger(), logging.getLogger("tensorflow")):
