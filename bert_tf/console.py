@@ -4,7 +4,7 @@ Applied once when `bert_tf` is imported (every script imports it before TensorFl
 
   * On Linux without a CUDA driver (`libcuda.so.1` cannot be loaded), TensorFlow's C++ log
     is limited to fatal lines (TF_CPP_MIN_LOG_LEVEL=3): no `failed call to cuInit` error
-    line, no oneDNN / CPU-feature notes. Only when TF_CPP_MIN_LOG_LEVEL is unset or 2 (what
+    line, no oneDNN / CPU-feature notes. Only when TF_CPP_MIN_LOG_LEVEL is unset, 2 or 3 (what
     the scripts set); a GPU machine keeps TensorFlow's messages and its GPUs.
     TensorFlow 2.21 logs two lines through absl while `import tensorflow` runs, before
     TF_CPP_MIN_LOG_LEVEL can reach them (`WARNING: All log messages before absl::InitializeLog()
@@ -148,7 +148,8 @@ def apply() -> None:
     if _APPLIED or verbose():
         return
     _APPLIED.append(True)
-    if "tensorflow" not in sys.modules and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") == "2":
+    # (3: also a script started by another one, e.g. quickstart.py's steps, which inherit its setting)
+    if "tensorflow" not in sys.modules and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("2", "3"):
         if not cuda_driver_present():
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
             sys.meta_path.insert(0, _QuietFirstImport())
