@@ -129,6 +129,31 @@ def test_int8_dense_matches_a_float_matmul_on_negative_activations():
     assert np.abs(per_tensor - expected).mean() > 1.5 * np.abs(got - expected).mean()
 
 
+@pytest.mark.parametrize("cls", [quantization.Int8Dense, quantization.Int8DenseTokenRanges])
+def test_column_groups_compute_the_same_numbers_as_one_matmul(cls):
+    # The export computes SPLIT_PATHS layers as COLUMN_GROUPS matmuls (parallel at batch 1): each column is
+    # the same integers and scale, so the outputs equal one matmul's (to float32 rounding, whatever the ISA).
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((7, 48)) * rng.uniform(0.1, 3.0, (7, 1))).astype(np.float32)
+    kernel = (rng.standard_normal((48, 37)) * 0.1).astype(np.float32)  # 37 columns: groups of unequal width
+    bias = rng.normal(0, 0.5, 37).astype(np.float32)
+    layer = keras.layers.Dense(37, activation=lambda t: tf.nn.gelu(t, approximate=True))
+    layer.build((None, 48))
+    layer.set_weights([kernel, bias])
+    one = cls(layer, "channel", column_groups=1)
+    assert one.column_ranges == [(0, 37)]
+    results = {}
+    for groups in (1, 2, 3):
+        int8 = cls(layer, "channel", column_groups=groups)
+        assert len(int8.column_ranges) == groups and int8.column_ranges[-1][1] == 37
+        fn = tf.function(int8._call, autograph=False).get_concrete_function(tf.TensorSpec([None, 48]))
+        assert [op.type for op in fn.graph.get_operations()].count(quantization.INT8_OP) == groups
+        results[groups] = fn(tf.constant(x)).numpy()
+    assert np.abs(results[1]).max() > 0.5  # real outputs, not zeros
+    np.testing.assert_allclose(results[2], results[1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(results[3], results[1], rtol=0, atol=1e-6)
+
+
 def test_token_ranges_follow_each_row_and_ignore_the_batch():
     """The output projections' variant: one activation range per row (token). A row with small values
     beside a row with large ones keeps its own resolution, and its result does not depend on them."""
@@ -252,10 +277,15 @@ def test_int8_export_metadata_signatures_and_size(exports):
     assert method["quantized_layers"] == 12 and method["weight_scale"] == "channel"
     assert method["weight_levels"] == quantization.WEIGHT_LEVELS and "AVX2" in method["isa"]
     assert method["token_range_layers"] == ["attention/output_dense", "output_dense"]
+    assert method["column_groups"] == {"layers": ["attention/output_dense", "intermediate", "output_dense"],
+                                       "groups": 2}
     assert "_QuantizedMatMul" in method["kernel"]
     assert "quantization" not in json.loads((base / "fp32" / "assets" / "bert_tf_export.json").read_text("utf-8"))
     loaded = tf.saved_model.load(str(base / "int8"))
     assert set(loaded.signatures) == {"serving_default", "serve_text", "serve_ids", "preprocess"}
+    # per block: query, key, value, then attention output, intermediate, output in two column groups each
+    library = loaded.signatures["serve_ids"].graph.as_graph_def().library.function
+    assert sum(node.op == quantization.INT8_OP for f in library for node in f.node_def) == 2 * (3 + 3 * 2)
     by_ids = loaded.signatures["serve_ids"](**exports["hub"])
     by_text = loaded.signatures["serving_default"](text_a=tf.constant(TEXTS_A), text_b=tf.constant(TEXTS_B))
     np.testing.assert_allclose(by_ids["probabilities"], by_text["probabilities"], atol=1e-6)
