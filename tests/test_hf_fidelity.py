@@ -173,7 +173,9 @@ def test_tf1_output_of_an_exact_gelu_model_says_gelu_with_a_warning(tmp_path, ca
         checkpoints.convert_checkpoint(str(tmp_path / "in" / "ckpt-1"), str(tmp_path / "tf1" / "bert_model.ckpt"), "tf1")
     written = json.loads((tmp_path / "tf1" / "bert_config.json").read_text())
     assert written["hidden_act"] == "gelu" and "layer_norm_eps" not in written
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # (ours only: TensorFlow may log "deleted with unrestored values" here when another test's checkpoint
+    # object is garbage-collected, which the full suite's order once made happen)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "bert_tf.checkpoints"]
     assert len(warnings) == 1 and "hidden_act gelu_exact (erf) written as gelu: the original code has only" in warnings[0]
 
 
