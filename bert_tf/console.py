@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import Callable
 
 from bert_tf import fileio
 
@@ -67,9 +68,10 @@ class _TensorFlowInfoFilter(logging.Filter):
 
 
 @contextlib.contextmanager
-def stderr_without(noise: "re.Pattern"):
+def stderr_without(drop: Callable[[str], object]):
     """Within the block, lines written to file descriptor 2 (C++ and Python alike) are held in a
-    temporary file; after it, those that do not fully match `noise` are written to fd 2 in order."""
+    temporary file; after it, those for which drop(line without its newline) is false are written
+    to fd 2 in order."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)
@@ -86,14 +88,14 @@ def stderr_without(noise: "re.Pattern"):
             os.close(saved)
             held.seek(0)
             kept = [line for line in held.read().splitlines(keepends=True)
-                    if not noise.fullmatch(line.rstrip(b"\r\n").decode("utf-8", "replace"))]
+                    if not drop(line.rstrip(b"\r\n").decode("utf-8", "replace"))]
             if kept:
                 os.write(2, b"".join(kept))
 
 
 class _QuietFirstImport(importlib.abc.MetaPathFinder):
     """Finds `tensorflow` (once, then leaves sys.meta_path) with a loader that executes the
-    package under stderr_without(STARTUP_NOISE)."""
+    package under stderr_without(STARTUP_NOISE.fullmatch)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
@@ -115,7 +117,7 @@ class _QuietLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self._loader  # the package sees its own loader
-        with stderr_without(STARTUP_NOISE):
+        with stderr_without(STARTUP_NOISE.fullmatch):
             self._loader.exec_module(module)
 
 

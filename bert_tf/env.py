@@ -25,7 +25,6 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 
 from bert_tf import __version__, console
 
@@ -211,27 +210,13 @@ XLA_NOTICES = ("All log messages before absl::InitializeLog()", "Compiled cluste
 
 @contextlib.contextmanager
 def _without_xla_notices():
-    """Holds back the process's stderr (file descriptor 2) during the XLA probe, then writes it
-    out again less XLA_NOTICES (kept under BERT_TF_VERBOSE=1)."""
+    """Holds back the process's stderr during the XLA probe, then writes it out again less
+    XLA_NOTICES (kept under BERT_TF_VERBOSE=1)."""
     if console.verbose():
         yield
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            text = held.read().decode("utf-8", errors="replace")
-        kept = [line for line in text.splitlines(keepends=True) if not any(n in line for n in XLA_NOTICES)]
-        if kept:
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
+    with console.stderr_without(lambda line: any(n in line for n in XLA_NOTICES)):
+        yield
 
 
 def int8_info(onednn: dict) -> dict:

@@ -82,7 +82,7 @@ def test_stderr_without_drops_exactly_the_noise_lines_and_keeps_the_rest_in_orde
     absl = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
     cuda = (b"I0000 00:00:1795513702.494869   22137 cudart_stub.cc:31] Could not find cuda drivers on your "
             b"machine, GPU will not be used.")
-    with console.stderr_without(console.STARTUP_NOISE):
+    with console.stderr_without(console.STARTUP_NOISE.fullmatch):
         for line in (absl, b"E0000 00:00:1.5 7 real.cc:1] a real error\n", cuda + b"\n", cuda + b" And more.\n",
                      b"no newline at the end"):
             os.write(2, line)
