@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -36,6 +37,14 @@ def imported_script(name):
             if flag.name in module.FLAGS:
                 delattr(module.FLAGS, flag.name)
         sys.modules.pop(name, None)
+
+
+def benchmark_module(name):
+    """benchmarks/<name>.py, imported as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script_main(name, *args):

@@ -1,20 +1,11 @@
 """benchmarks/bench_int8_kernels.py: its TensorFlow variants compute the layer they claim to time."""
 
-import importlib.util
-
 import numpy as np
-from conftest import REPO
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_int8_kernels", REPO / "benchmarks" / "bench_int8_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import benchmark_module
 
 
 def test_the_int8_variant_is_the_float_layer_in_int8_and_the_empty_graph_has_no_layer():
-    bench = _bench()
+    bench = benchmark_module("bench_int8_kernels")
     m, k, n = 5, 48, 24
     rng = np.random.default_rng(3)
     graphs = bench.tf_graphs(m, k, n, rng)

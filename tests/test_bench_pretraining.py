@@ -1,23 +1,15 @@
 """benchmarks/bench_pretraining.py --input_file: real records reach every variant unchanged and in file order."""
 
 import argparse
-import importlib.util
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import benchmark_module
 
 from bert_tf.data import schema
 from bert_tf.data.pipelines import InputDataError
 
 SEQ, PRED, BATCH = 16, 3, 4
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_pretraining", REPO / "benchmarks" / "bench_pretraining.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +27,7 @@ def records(tmp_path_factory):
 
 
 def test_real_batches_keep_file_order_shapes_and_padding(records, tmp_path):
-    bench = _bench()
+    bench = benchmark_module("bench_pretraining")
     out = str(tmp_path / "batches.npz")
     info = bench.read_real_batches(records, BATCH, 2, out)
     real = sum(5 + i for i in range(8))  # two full batches of 4; the last 2 records are left over
@@ -55,5 +47,5 @@ def test_real_batches_keep_file_order_shapes_and_padding(records, tmp_path):
 
 def test_real_batches_refuse_too_little_data(records, tmp_path):
     with pytest.raises(InputDataError, match=r"2 full batches of 4, the run needs 3"):
-        _bench().read_real_batches(records, BATCH, 3, str(tmp_path / "b.npz"))
+        benchmark_module("bench_pretraining").read_real_batches(records, BATCH, 3, str(tmp_path / "b.npz"))
     assert not (tmp_path / "b.npz").exists()
