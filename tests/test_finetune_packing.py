@@ -228,3 +228,67 @@ def test_prediction_on_two_replicas_keeps_the_order_and_the_numbers():
     assert local.shape == (out["rows"], 4, 4)
     np.testing.assert_allclose(replicated, local, atol=TOLERANCE)
     assert out["local_traces"] == 1 and out["replicated_traces"] <= 2  # one program (per replica device)
+
+
+@pytest.mark.half_precision
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", ["classifier", "multiple_choice", "tagger"])
+def test_packed_heads_in_half_precision_equal_unpacked(precision, kind):
+    """Every packed fine-tuning head in each mixed precision: packed = unpacked in eager, graph and XLA
+    mode. Bound (as tests/test_packing.py's half-precision test): packing only moves where the half type
+    rounds, so packed and unpacked differ by about twice what rounding to it costs the unpacked result
+    (measured against the same weights in float32), 3x leaving room."""
+    from bert_tf.training.loop import dtype_policy
+
+    rng = np.random.default_rng(7)
+    if kind == "multiple_choice":
+        arrays = _examples(12, rng, choices=CHOICES, max_len=SEQ // 3)
+        packed = pack_examples(arrays, max_sequences_per_row=4)
+    else:
+        arrays = _examples(16, rng, max_len=SEQ // 2)
+        if kind == "tagger":
+            arrays["label_ids"] = np.where(arrays["input_mask"] == 1, rng.integers(0, LABELS, size=(16, SEQ)),
+                                           IGNORE_LABEL_ID).astype(np.int32)
+        packed = pack_examples(arrays, max_sequences_per_row=6,
+                               pad_values={"label_ids": IGNORE_LABEL_ID} if kind == "tagger" else None)
+
+    def build():
+        tf.keras.utils.set_random_seed(2)
+        encoder = BertEncoder(CONFIG)
+        if kind == "classifier":
+            return BertClassifier(encoder, num_labels=LABELS, skip_padding=False)
+        if kind == "multiple_choice":
+            return BertMultipleChoice(encoder, num_choices=CHOICES, skip_padding=False)
+        return BertTokenClassifier(encoder, num_labels=LABELS)
+
+    loss_fn = tagging_loss if kind == "tagger" else classification_loss
+    keys = ("input_ids", "input_mask", "segment_ids", "label_ids") + (() if kind == "tagger" else ("is_real_example",))
+    unpacked_batch = _batches(arrays, keys)
+    packed_batch = _batches(packed.arrays, PACKED_INPUTS + keys[3:])
+    exact = build()
+    with dtype_policy(precision):
+        model = build()
+    exact(unpacked_batch), model(unpacked_batch)
+    for e, m in zip(exact.weights, model.weights, strict=True):  # beyond init scale: gradients far from 0
+        value = rng.normal(0.0, 0.2, e.shape).astype("float32") + (1.0 if e.path.endswith("gamma") else 0.0)
+        e.assign(value)
+        m.assign(value)
+    loss_x, _, grads_x = _grads(exact, loss_fn, unpacked_batch)
+    loss_u, _, grads_u = _grads(model, loss_fn, unpacked_batch)
+    pairs = [(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy())
+             for a, b in zip(grads_u, grads_x, strict=True) if a is not None]
+    loss_bound = 3 * abs(float(loss_u) - float(loss_x)) + TOLERANCE
+    scale = max(np.abs(b).max() for _, b in pairs)
+    grad_bound = 3 * max(np.abs(a - b).max() for a, b in pairs) + TOLERANCE * scale
+    assert grad_bound < 0.5 * scale  # the bound says something
+    for mode in ("eager", "graph", "xla"):
+        loss_p, _, grads_p = _grads(model, loss_fn, packed_batch, mode)
+        assert abs(float(loss_p) - float(loss_u)) <= loss_bound, (mode, float(loss_p), float(loss_u))
+        for g_p, g_u, v in zip(grads_p, grads_u, model.trainable_variables, strict=True):
+            if g_u is None:
+                assert g_p is None
+                continue
+            g_p = tf.convert_to_tensor(g_p).numpy()
+            assert g_p.dtype == np.float32, v.path
+            np.testing.assert_allclose(g_p, tf.convert_to_tensor(g_u).numpy(), rtol=0, atol=grad_bound,
+                                       err_msg=f"{v.path} {mode}")

@@ -132,11 +132,17 @@ class MaskedLMHead(keras.layers.Layer):
         self.layer_norm.build((None, self.hidden_size))
         self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,), initializer="zeros")
 
-    def call(self, sequence_output, masked_lm_positions, embedding_table):
+    def call(self, sequence_output, masked_lm_positions, embedding_table, transformed=False):
         """sequence_output [B, S, H], masked_lm_positions int [B, P], embedding_table [V, H]
         -> float32 logits [B, P, V]. With masked_lm_positions None, sequence_output
-        is already the [B, P, H] hidden states at the masked positions."""
-        return self.vocab_logits(self.transform_states(sequence_output, masked_lm_positions), embedding_table)
+        is already the [B, P, H] hidden states at the masked positions; with transformed=True it is
+        transform_states' output, and only vocab_logits runs.
+
+        vocab_logits reads output_bias, so a caller outside this layer reaches it through here: a
+        direct call inside a mixed-precision model's autocast scope would read the float32 bias as
+        float16 and add it to float32 logits."""
+        states = sequence_output if transformed else self.transform_states(sequence_output, masked_lm_positions)
+        return self.vocab_logits(states, embedding_table)
 
     def transform_states(self, sequence_output, masked_lm_positions=None):
         """The head's first half: [B, S, H] (at masked_lm_positions [B, P], or all of them when None)

@@ -200,12 +200,12 @@ class BertPretrainer(keras.Model):
         front = tf.argsort(1 - real, axis=-1, stable=True)[:, :capacity]  # [1, C]: real slots first, in order
 
         def compact():
-            logits = self.masked_lm.vocab_logits(tf.gather(hidden, front, batch_dims=1), output_table)  # [1, C, V]
+            logits = self.masked_lm(tf.gather(hidden, front, batch_dims=1), None, output_table, transformed=True)  # [1, C, V]
             return masked_lm_loss_and_accuracy(logits, tf.gather(ids, front, batch_dims=1),
                                                tf.gather(weights, front, batch_dims=1))
 
         def every_slot():
-            return masked_lm_loss_and_accuracy(self.masked_lm.vocab_logits(hidden, output_table), ids, weights)
+            return masked_lm_loss_and_accuracy(self.masked_lm(hidden, None, output_table, transformed=True), ids, weights)
 
         return tf.cond(ops.sum(real) <= capacity, compact, every_slot)
 
