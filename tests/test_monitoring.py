@@ -1,6 +1,7 @@
 """What a run shows in TensorBoard, unit by unit (tests/test_tensorboard.py reads it through a real server)."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     assert set(events["speed/seconds_per_step"]) == {2, 4}  # one point per logged loop
     assert events["input/real_tokens_per_position"] == {2: 3 / 8, 4: 3 / 8}
     assert events["speed/examples_per_second_per_replica"] == events["examples_per_second"]
-    step4 = {tag: values[4] for tag, values in events.items()}  # the second loop: no tracing in it
+    step4 = {tag: values[4] for tag, values in events.items() if 4 in values}  # the second loop: no compiling
     # Nothing makes the batch ahead, so each step waits for all of its 0.2 s.
     assert step4["speed/input_wait_seconds_per_step"] >= 0.19
     assert step4["speed/input_wait_fraction"] == pytest.approx(
@@ -120,6 +121,35 @@ def test_speed_and_input_scalars_split_waiting_from_computing(tmp_path):
     fast.train(fast_fn)
     fast_wait = _events(str(tmp_path / "fast" / "train"))["speed/input_wait_seconds_per_step"][4]
     assert fast_wait < step4["speed/input_wait_seconds_per_step"] / 2
+
+
+def test_the_first_step_compiles_apart_from_the_speed_and_eta(tmp_path, caplog):
+    """The first host loop of a process runs its first step alone (tracing and compiling: XLA takes
+    tens of seconds on a GPU) and reports that time beside the loop, not inside examples/s or the ETA;
+    the loop's losses and metrics still cover all of its steps. Same for the first eval batch."""
+    import logging
+
+    caplog.set_level(logging.INFO, "bert_tf.training")
+    trainer, dataset_fn = _masked_trainer(tmp_path, delay=0.2)
+    trainer.train(dataset_fn)
+    first, second = trainer.loop_history
+    assert first["steps"] == 2 and len(trainer.step_losses) == 4
+    assert first["compile_seconds"] >= 0.2 and second["compile_seconds"] == 0.0
+    events = _events(str(tmp_path / "train"))
+    assert set(events["speed/first_step_seconds"]) == {2}
+    assert events["speed/first_step_seconds"][2] == pytest.approx(first["compile_seconds"])
+    # The first loop's speed counts its second step only: one 0.2 s wait for its one batch of 4.
+    assert events["speed/seconds_per_step"][2] == pytest.approx(first["seconds"])
+    assert events["examples_per_second"][2] == pytest.approx(4 / first["seconds"])
+    assert 0.19 <= first["seconds"] < first["compile_seconds"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert re.fullmatch(r"step 2/4 loss \S+ +lr \S+ grad_norm \S+ [\d.]+ examples/s ETA \S+ "
+                        r"\(first step [\d.]+ s: tracing and compiling, not counted\)", lines[0]), lines[0]
+    assert re.fullmatch(r"step 4/4 .* [\d.]+ examples/s ETA 0h00m00s", lines[1]), lines[1]
+    trainer.evaluate(dataset_fn, 4, steps=3)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval ")]
+    assert re.match(r"eval at step 4 over 3 batches \([\d.]+ examples/s; first batch [\d.]+ s with tracing "
+                    r"and compiling\): loss ", line), line
 
 
 def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):

@@ -246,6 +246,25 @@ def test_sigkill_then_rerun_resumes_and_sigterm_saves(data, tmp_path):
         assert got[step] == pytest.approx(ref[step], rel=1e-4), step
 
 
+@pytest.mark.half_precision
+def test_float16_packed_run_evaluates_and_logs_compile_time_apart(data, tmp_path):
+    """The GPU user's choice, float16 (loss scaling) with --pack_sequences, through the script: it trains,
+    evaluates (the packed masked-LM head ran its float32 bias in float16 here once and crashed) and writes
+    eval_results.txt; the first loop's line reports the first step's tracing and compiling apart from
+    examples/s and the ETA, and the eval line its first batch's."""
+    out = tmp_path / "out"
+    proc = _run(_command(data, out, 6, mixed_precision="float16", pack_sequences=True, do_eval=True,
+                         max_eval_steps=2, iterations_per_loop=3, save_checkpoints_steps=6))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (out / "eval_results.txt").read_text().splitlines()
+    assert "global_step = 6" in lines and any(line.startswith("masked_lm_accuracy = ") for line in lines)
+    steps = [line for line in proc.stderr.splitlines() if " step 3/6 " in line or " step 6/6 " in line]
+    assert len(steps) == 2, proc.stderr[-3000:]
+    assert steps[0].endswith(": tracing and compiling, not counted)") and "examples/s ETA" in steps[0]
+    assert "first step" not in steps[1]
+    assert "first batch" in next(line for line in proc.stderr.splitlines() if "eval at step 6" in line)
+
+
 @pytest.mark.parametrize("extra,message", [
     (dict(max_seq_length=64), "records were written with max_seq_length=32 (flag says 64)"),
     (dict(train_batch_size=10, gradient_accumulation_steps=4),

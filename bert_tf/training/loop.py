@@ -643,10 +643,13 @@ class Trainer:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
                 n = min(c.iterations_per_loop, self.train_steps - step, next_save - step, profiler.steps_to_edge(step))
                 profiler.before_loop(step)
-                loop_start = time.time()
-                losses, sums, grad_norm, health = train_loop(iterator, tf.constant(n, tf.int32))
-                losses = losses.numpy()
-                elapsed = time.time() - loop_start
+                # A function not yet traced in this process runs its first step alone: that call traces
+                # and compiles (XLA: tens of seconds on a GPU), so speed and ETA count only the steps after it.
+                compiling = train_loop.experimental_get_tracing_count() == 0
+                losses, sums, grad_norm, health, elapsed, compile_seconds = _run_host_loop(train_loop, iterator, n,
+                                                                                           compiling)
+                if compiling:
+                    start_time, start_step = time.time(), step + 1
                 bad = np.flatnonzero(~np.isfinite(losses))
                 if bad.size:
                     raise NonFiniteLossError(
@@ -658,20 +661,28 @@ class Trainer:
                 lr = float(self.optimizer.last_learning_rate().numpy())  # that of step `step`, logged with it
                 result = {name: float(s.numpy() / max(w.numpy(), 1e-12)) for name, (s, w) in sums.items()}
                 result["loss"] = float(losses.mean())
-                examples_per_sec = n * self.global_batch_size / max(elapsed, 1e-9)
-                summary = dict(result, learning_rate=lr, gradient_norm=float(grad_norm.numpy()),
-                               examples_per_second=examples_per_sec,
-                               **_health_scalars(health, n, elapsed, examples_per_sec / replicas))
+                timed = n - 1 if compiling else n  # the steps that examples/s and the ETA count
+                summary = dict(result, learning_rate=lr, gradient_norm=grad_norm)
+                speed = "examples/s and ETA from the next loop on"
+                if timed:
+                    examples_per_sec = timed * self.global_batch_size / max(elapsed, 1e-9)
+                    summary.update(examples_per_second=examples_per_sec,
+                                   **_health_scalars(health, timed, elapsed, examples_per_sec / replicas))
+                    rate = (step - start_step) / max(time.time() - start_time, 1e-9)
+                    eta = (self.train_steps - step) / rate if rate > 0 else math.inf
+                    speed = f"{examples_per_sec:.1f} examples/s ETA {_format_eta(eta)}"
+                if compiling:
+                    summary["speed/first_step_seconds"] = compile_seconds
+                    speed += f" (first step {compile_seconds:.1f} s: tracing and compiling, not counted)"
                 self._write_summaries(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
-                self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"]))
-                rate = (step - start_step) / max(time.time() - start_time, 1e-9)
-                eta = (self.train_steps - step) / rate if rate > 0 else math.inf
+                self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"],
+                                              compile_seconds=compile_seconds))
                 logger.info(
-                    "step %d/%d loss %.4f %s lr %.3g grad_norm %.3f %.1f examples/s ETA %s",
+                    "step %d/%d loss %.4f %s lr %.3g grad_norm %.3f %s",
                     step, self.train_steps, result["loss"],
                     " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss"),
-                    lr, summary["gradient_norm"], examples_per_sec, _format_eta(eta),
+                    lr, grad_norm, speed,
                 )
                 self._live_input = (dataset_fn, signature, iterator, step)
                 if step % c.save_checkpoints_steps == 0 or step == self.train_steps or self._preempted:
@@ -717,6 +728,8 @@ class Trainer:
         totals = None
         count = 0
         iterator = iter(dist)
+        start = time.time()
+        first_seconds = 0.0
         while steps is None or count < steps:
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
@@ -726,13 +739,18 @@ class Trainer:
             totals = terms if totals is None else {k: (totals[k][0] + v, totals[k][1] + w)
                                                    for k, (v, w) in terms.items()}
             count += 1
+            if count == 1:  # the first batch traces and compiles the eval step
+                first_seconds, start = time.time() - start, time.time()
         if totals is None:
             raise ValueError("evaluation data is empty")
         results = {k: v / max(w, 1e-12) for k, (v, w) in totals.items()}
         step = int(self.global_step.numpy())
         self._write_summaries(EVAL_DIR, step, results)
         results["global_step"] = step
-        logger.info("eval at step %d over %d batches: %s", step, count,
+        timing = f"first batch {first_seconds:.1f} s with tracing and compiling"
+        if count > 1:
+            timing = f"{(count - 1) * global_batch_size / max(time.time() - start, 1e-9):.1f} examples/s; " + timing
+        logger.info("eval at step %d over %d batches (%s): %s", step, count, timing,
                     " ".join(f"{k} {v:.4f}" for k, v in sorted(results.items()) if k != "global_step"))
         return results
 
@@ -866,6 +884,35 @@ class _Profiler:
         logger.info("profile saved under %s", os.path.join(self.logdir, "plugins", "profile"))
 
 
+def _run_host_loop(train_loop, iterator, n: int, compiling: bool):
+    """Runs `n` steps through Trainer._make_train_loop's function -> (losses [n] numpy, metric sums,
+    mean gradient norm, health floats, seconds of the timed steps, seconds of the first step or 0).
+
+    compiling: the first step runs as a call of its own (tracing and compiling happen in it) and the
+    rest as a second call; their outputs are merged, so the loop's results are those of one call of n
+    steps, while `seconds` and the input wait in `health` cover only the n - 1 steps after the first."""
+
+    def call(steps):
+        start = time.time()
+        losses, sums, norm, health = train_loop(iterator, tf.constant(steps, tf.int32))
+        losses = losses.numpy()  # (waits for the call to finish)
+        return losses, sums, float(norm.numpy()) * steps, {k: float(v.numpy()) for k, v in health.items()}, \
+            time.time() - start
+
+    if not compiling:
+        losses, sums, norm_sum, health, seconds = call(n)
+        return losses, sums, norm_sum / n, health, seconds, 0.0
+    losses, sums, norm_sum, health, first_seconds = call(1)
+    health["input_wait_seconds"], seconds = 0.0, 0.0
+    if n > 1:
+        more_losses, more_sums, more_norm, more_health, seconds = call(n - 1)
+        losses = np.concatenate([losses, more_losses])
+        sums = tf.nest.map_structure(tf.add, sums, more_sums)
+        norm_sum += more_norm
+        health = {k: health[k] + v for k, v in more_health.items()}
+    return losses, sums, norm_sum / n, health, seconds, first_seconds
+
+
 @tf.function(autograph=False)
 def _advance_loop(iterator, n):
     def body(i):
@@ -917,7 +964,7 @@ def _mask_feature(element_spec) -> Optional[str]:
 def _health_scalars(health, steps: int, seconds: float, examples_per_second_per_replica: float) -> Dict[str, float]:
     """The speed and input scalars of one host loop (TensorBoard: speed/..., input/...), see
     Trainer._make_train_loop for what the input wait measures."""
-    wait = float(health["input_wait_seconds"].numpy())
+    wait = float(health["input_wait_seconds"])
     out = {
         "speed/seconds_per_step": seconds / steps,
         "speed/input_wait_seconds_per_step": wait / steps,
@@ -925,9 +972,9 @@ def _health_scalars(health, steps: int, seconds: float, examples_per_second_per_
         "speed/input_wait_fraction": min(wait / max(seconds, 1e-9), 1.0),
         "speed/examples_per_second_per_replica": examples_per_second_per_replica,
     }
-    positions = float(health["positions"].numpy())
+    positions = float(health["positions"])
     if positions:
-        out["input/real_tokens_per_position"] = float(health["real_tokens"].numpy()) / positions
+        out["input/real_tokens_per_position"] = float(health["real_tokens"]) / positions
     return out
 
 
