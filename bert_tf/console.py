@@ -6,12 +6,16 @@ Applied once when `bert_tf` is imported (every script imports it before TensorFl
     is limited to fatal lines (TF_CPP_MIN_LOG_LEVEL=3): no `failed call to cuInit` error
     line, no oneDNN / CPU-feature notes. Only when TF_CPP_MIN_LOG_LEVEL is unset, 2 or 3 (what
     the scripts set); a GPU machine keeps TensorFlow's messages and its GPUs.
-    TensorFlow 2.21 logs two lines through absl while `import tensorflow` runs, before
-    TF_CPP_MIN_LOG_LEVEL can reach them (`WARNING: All log messages before absl::InitializeLog()
-    ...` and `... cudart_stub.cc:...] Could not find cuda drivers ...`, each twice); on such a
-    machine the first import of tensorflow runs with the process's stderr (file descriptor 2,
-    where C++ writes) sent to a temporary file, and everything but exactly those lines is
-    written back to stderr after it (STARTUP_NOISE).
+  * On every machine (with or without a GPU; same condition on TF_CPP_MIN_LOG_LEVEL), the first
+    import of tensorflow runs with the process's stderr (file descriptor 2, where C++ writes)
+    sent to a temporary file, and everything but exactly TensorFlow's start-up notices is
+    written back to stderr after it (STARTUP_NOISE). TensorFlow 2.21 logs them through absl
+    before TF_CPP_MIN_LOG_LEVEL can reach them: `WARNING: All log messages before
+    absl::InitializeLog() ...`, `... cudart_stub.cc:...] Could not find cuda drivers ...`, and
+    wherever its oneDNN ops are on (by default on CPUs with AVX-512 and newer, or with
+    TF_ENABLE_ONEDNN_OPTS=1 on any x86 CPU) `... port.cc:...] oneDNN custom operations are on
+    ...`, each twice. The CPU-feature notice (`cpu_feature_guard.cc`, two lines) shows where the
+    log level lets INFO through, as on a GPU machine.
   * INFO lines that TensorFlow's own Python code logs through absl or its `tensorflow` logger
     (`signature_serialization` renames, `Sharding callback duration`, `Assets written to
     <temporary folder>`, ...) are dropped; its warnings and errors are kept.
@@ -36,11 +40,20 @@ from bert_tf import fileio
 VERBOSE_ENV = "BERT_TF_VERBOSE"
 _TF_PACKAGE = f"{os.sep}tensorflow{os.sep}"
 _APPLIED = []
-# What TensorFlow 2.21's C++ code prints at import on a machine without CUDA, before its log level
-# can be set (module doc). Exact lines only: anything else TensorFlow prints then is passed through.
+# What TensorFlow's C++ code prints at import, before (2.21) or regardless of its log level (module
+# doc). Exact lines only: anything else TensorFlow prints then is passed through.
+# (absl's INFO prefix, TensorFlow 2.21; TensorFlow 2.20's own: `2026-11-26 15:01:10.863019: I tensorflow/core/util/`)
+_LOG_PREFIX = r"(?:I\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: I (?:[\w.-]+/)*)"
 STARTUP_NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.")
+    rf"|{_LOG_PREFIX}cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\."
+    rf"|{_LOG_PREFIX}port\.cc:\d+\] oneDNN custom operations are on\. You may see slightly different numerical "
+    r"results due to floating-point round-off errors from different computation orders\. To turn them off, set "
+    r"the environment variable `TF_ENABLE_ONEDNN_OPTS=0`\."
+    rf"|{_LOG_PREFIX}cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU "
+    r"instructions in performance-critical operations\."
+    r"|To enable the following instructions: [A-Z0-9_ ]+, in other operations, rebuild TensorFlow with the "
+    r"appropriate compiler flags\.")
 
 
 def verbose() -> bool:
@@ -154,7 +167,7 @@ def apply() -> None:
     if "tensorflow" not in sys.modules and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("2", "3"):
         if not cuda_driver_present():
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-            sys.meta_path.insert(0, _QuietFirstImport())
+        sys.meta_path.insert(0, _QuietFirstImport())
     from absl import logging as absl_logging
 
     for logger in (absl_logging.get_absl_logger(), logging.getLogger("tensorflow")):

@@ -1,6 +1,7 @@
 """What the scripts print: no TensorFlow start-up noise on CPU machines, remote paths that fail in one line."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -34,7 +35,8 @@ SAVE_A_MODEL = textwrap.dedent("""
     app.run(main)
 """)
 # (TensorFlow 2.21 logs the last two at import, before its log level is read: console.STARTUP_NOISE.)
-NOISE = ("cuInit", "signature_serialization", "Sharding callback", "absl::InitializeLog", "Could not find cuda drivers")
+NOISE = ("cuInit", "signature_serialization", "Sharding callback", "absl::InitializeLog", "Could not find cuda drivers",
+         "oneDNN custom operations", "This TensorFlow binary is optimized")
 # A script run with its exit status, then whether TensorFlow was imported, on stdout.
 RUN_SCRIPT = textwrap.dedent("""
     import runpy, sys
@@ -52,42 +54,79 @@ def _env(**extra):
 
 
 def test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back(tmp_path):
+    # (oneDNN forced on: TensorFlow then prints its notice on every CPU class)
     quiet = subprocess.run([sys.executable, "-c", SAVE_A_MODEL, str(tmp_path / "a")], capture_output=True,
-                           text=True, env=_env(), cwd=str(REPO), timeout=300)
+                           text=True, env=_env(TF_ENABLE_ONEDNN_OPTS="1"), cwd=str(REPO), timeout=300)
     assert quiet.returncode == 0 and quiet.stdout.strip() == "saved", quiet.stderr[-2000:]
     assert [line for line in quiet.stderr.splitlines() if any(n in line for n in NOISE)] == []
 
     loud = subprocess.run([sys.executable, "-c", SAVE_A_MODEL, str(tmp_path / "b")], capture_output=True,
-                          text=True, env=_env(BERT_TF_VERBOSE="1"), cwd=str(REPO), timeout=300)
+                          text=True, env=_env(BERT_TF_VERBOSE="1", TF_ENABLE_ONEDNN_OPTS="1"), cwd=str(REPO),
+                          timeout=300)
     assert loud.returncode == 0, loud.stderr[-2000:]
     assert "signature_serialization" in loud.stderr and "Sharding callback" in loud.stderr
+    assert "oneDNN custom operations are on" in loud.stderr
     if not console.cuda_driver_present():
         assert "failed call to cuInit" in loud.stderr and "Could not find cuda drivers" in loud.stderr
 
 
-@pytest.mark.parametrize("level", [None, "3"])  # 3: what a script started by another script inherits
-def test_a_script_that_loads_tensorflow_prints_nothing_but_its_own_line(tmp_path, level):
+@pytest.fixture(scope="module")
+def fake_cuda_driver(tmp_path_factory):
+    """A folder holding a `libcuda.so.1` that loads but is no driver: with it on LD_LIBRARY_PATH,
+    console.cuda_driver_present() is true, as on a GPU machine (TensorFlow's cuInit then fails)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build a stand-in libcuda.so.1")
+    d = tmp_path_factory.mktemp("fake_cuda")
+    (d / "stub.c").write_text("int bert_tf_stand_in_for_libcuda;\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "stub.c")], check=True)
+    return d
+
+
+# TensorFlow turns its oneDNN ops on by default only on some CPUs (AVX-512 and newer) and then prints a
+# notice at import; TF_ENABLE_ONEDNN_OPTS=1 and =0 force either way on any x86 CPU, so every CI machine
+# sees both. "gpu": a (stand-in) CUDA driver is present, where TensorFlow keeps its log level.
+@pytest.mark.parametrize("onednn", ["0", "1"])
+@pytest.mark.parametrize("level", [None, "3", "gpu"])  # 3: what a script started by another script inherits
+def test_a_script_that_loads_tensorflow_prints_nothing_but_its_own_line(tmp_path, level, onednn, request):
     # export_savedmodel.py loads TensorFlow, then finds the model_dir incomplete: its one error line is
-    # all that reaches stderr (TensorFlow 2.21's start-up lines do not; the fast subset runs this on 2.21).
-    env = _env(**({"TF_CPP_MIN_LOG_LEVEL": level} if level else {}))
+    # all that reaches stderr (TensorFlow's start-up lines do not; the fast subset runs this on 2.21 too).
+    env = _env(TF_ENABLE_ONEDNN_OPTS=onednn, **({"TF_CPP_MIN_LOG_LEVEL": level} if level in ("3",) else {}))
+    if level == "gpu":
+        fake = request.getfixturevalue("fake_cuda_driver")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(fake), env.get("LD_LIBRARY_PATH")]))
     result = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(REPO / "export_savedmodel.py"),
                              f"--model_dir={tmp_path}", f"--export_dir={tmp_path}/export"],
                             capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
     assert result.returncode == 1 and result.stdout.strip() == "True"  # failed, after importing TensorFlow
-    assert result.stderr.splitlines() == [f"export_savedmodel.py: error: {tmp_path}/bert_config.json: not found "
-                                          "(a model_dir needs bert_config.json, vocab.txt, bert_tf_info.json)"]
+    lines = result.stderr.splitlines()
+    if level == "gpu":  # the stand-in driver's own failure is a real error on such a machine: kept
+        lines = [line for line in lines if "failed call to cuInit" not in line]
+    assert lines == [f"export_savedmodel.py: error: {tmp_path}/bert_config.json: not found "
+                     "(a model_dir needs bert_config.json, vocab.txt, bert_tf_info.json)"]
 
 
 def test_stderr_without_drops_exactly_the_noise_lines_and_keeps_the_rest_in_order(capfd):
     absl = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
     cuda = (b"I0000 00:00:1795513702.494869   22137 cudart_stub.cc:31] Could not find cuda drivers on your "
             b"machine, GPU will not be used.")
+    onednn = (b"oneDNN custom operations are on. You may see slightly different numerical results due to "
+              b"floating-point round-off errors from different computation orders. To turn them off, set the "
+              b"environment variable `TF_ENABLE_ONEDNN_OPTS=0`.\n")
+    features = (b"This TensorFlow binary is optimized to use available CPU instructions in performance-critical "
+                b"operations.\nTo enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 AMX_TILE "
+                b"FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.\n")
     with console.stderr_without(console.STARTUP_NOISE.fullmatch):
         for line in (absl, b"E0000 00:00:1.5 7 real.cc:1] a real error\n", cuda + b"\n", cuda + b" And more.\n",
+                     b"I0000 00:00:1795705170.323737   16467 port.cc:153] " + onednn,  # TF 2.21's prefix
+                     b"2026-11-26 15:02:17.571941: I tensorflow/core/util/port.cc:153] " + onednn,  # TF 2.20's
+                     b"I0000 00:00:1795705356.000392   18110 cpu_feature_guard.cc:227] " + features,
+                     b"2026-11-26 15:02:17.658342: I tensorflow/core/platform/cpu_feature_guard.cc:210] " + features,
+                     b"E0000 00:00:1.5 7 port.cc:153] " + onednn,  # not an INFO line: kept
                      b"no newline at the end"):
             os.write(2, line)
     assert capfd.readouterr().err == ("E0000 00:00:1.5 7 real.cc:1] a real error\n" + cuda.decode() +
-                                      " And more.\nno newline at the end")
+                                      " And more.\nE0000 00:00:1.5 7 port.cc:153] " + onednn.decode() +
+                                      "no newline at the end")
 
 
 def test_tensorflow_info_filter_keeps_warnings_and_other_code():
