@@ -311,7 +311,7 @@ def finetune_settings():
     train = train_settings(strategy)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
         strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences)
-    packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row else {}
+    packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}
     return RunSettings(pretrained=pretrained, strategy=strategy, train=train, dynamic_padding=dynamic,
                        aux_lm_weight=FLAGS.aux_lm_weight, pack_sequences=FLAGS.pack_sequences, **packing)
 
@@ -391,8 +391,12 @@ def define_beam_flags():
 
 
 def parse_flags_and_beam_options(argv):
-    """app.run's flags_parser: our flags; what they do not know stays in argv for Beam's pipeline options."""
-    return flags.FLAGS(argv, known_only=True)
+    """app.run's flags_parser: our flags; what they do not know stays in argv for Beam's pipeline options.
+    A bad or missing flag is one line (app.run prints a traceback for a custom parser's error)."""
+    try:
+        return flags.FLAGS(argv, known_only=True)
+    except flags.Error as e:
+        _exit(f"{os.path.basename(argv[0])}: error: {e}")
 
 
 def beam_args(argv, script: str):
@@ -400,4 +404,10 @@ def beam_args(argv, script: str):
     rest = list(argv[1:])
     if rest and not flags.FLAGS.runner:
         sys.exit(f"{script}: error: unknown flag(s) {' '.join(rest)} (Beam pipeline options need --runner)")
+    if flags.FLAGS.runner:
+        import importlib.util
+
+        if importlib.util.find_spec("apache_beam") is None:
+            sys.exit(f"{script}: error: --runner={flags.FLAGS.runner} needs Apache Beam, which is not installed "
+                     "(pip install -e '.[beam]')")
     return rest

@@ -117,7 +117,7 @@ def main(_):
             use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=vocab_file,
             do_lower_case=do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
             pack_sequences=FLAGS.pack_sequences,
-            **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row else {}),
+            **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}),
         )
         config.validate()
     except (ConfigError, InputDataError, PretrainingError) as e:

@@ -237,3 +237,23 @@ def test_extract_features_beam_lines_are_the_single_process_lines(tmp_path):
     assert summary["rows"] == len(beam_lines) == 40
     assert beam_lines == single
     assert [json.loads(line)["linex_index"] for line in beam_lines] == list(range(25)) + list(range(15))
+
+
+def test_runner_values_beam_cannot_use_are_one_line_before_any_work():
+    """A --runner Beam does not know, a dotted path that does not import, a negative --num_workers, and a
+    remote runner missing its options each raise BeamJobError with one line (Beam's own errors were
+    tracebacks of 20+ lines); Beam's names pass in any case, with or without "Runner"."""
+    for name in ("DirectRunner", "direct", "dataflowrunner", "FlinkRunner", "apache_beam.runners.DirectRunner"):
+        common.check_runner(name)
+    for name, message in (("NoSuchRunner", "--runner=NoSuchRunner: not a Beam runner (one of "),
+                          ("no_such_pkg.Runner", "--runner=no_such_pkg.Runner: cannot import no_such_pkg"),
+                          ("apache_beam.runners.NoSuchRunner", "--runner=apache_beam.runners.NoSuchRunner: apache_beam.runners has no ")):
+        with pytest.raises(common.BeamJobError) as info:
+            common.check_runner(name)
+        assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    with pytest.raises(common.BeamJobError, match="^--num_workers: must be >= 0 \\(0: all cores\\), got -1$"):
+        common.pipeline_options([], "DirectRunner", num_workers=-1)
+    options = common.pipeline_options([], "DataflowRunner")
+    with pytest.raises(common.BeamJobError) as info:
+        common.make_pipeline(options)
+    assert "\n" not in str(info.value) and "project" in str(info.value) and "region" in str(info.value)

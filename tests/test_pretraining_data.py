@@ -1,5 +1,6 @@
 """create_pretraining_data: schema, the original's statistics, whole-word masking, determinism, inputs, errors."""
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -348,7 +349,8 @@ def _run_script(tmp_path, *args):
 
 
 @pytest.mark.parametrize("case", ["missing_input", "empty_corpus", "no_mask", "too_few_predictions",
-                                  "unreadable_vocab", "output_dir_is_a_file"])
+                                  "unreadable_vocab", "output_dir_is_a_file", "negative_workers", "no_such_runner",
+                                  "no_vocab_flag"])
 def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     vocab = str(data_dir / "vocab.txt")
     inp = str(data_dir / "corpus_a.txt")
@@ -356,7 +358,11 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     extra = []
     expect = {"missing_input": "matches no file", "empty_corpus": "empty corpus", "no_mask": "[MASK]",
               "too_few_predictions": "max_predictions_per_seq", "unreadable_vocab": "vocab_file",
-              "output_dir_is_a_file": "cannot create directory"}[case]
+              "output_dir_is_a_file": "cannot create directory", "negative_workers": "num_workers: must be >= 0",
+              # (Beam's own error was a 23-line traceback; without Beam installed, an ImportError's)
+              "no_such_runner": "--runner=NoSuchRunner: not a Beam runner" if importlib.util.find_spec("apache_beam")
+              else "--runner=NoSuchRunner needs Apache Beam",
+              "no_vocab_flag": "flag --vocab_file=None"}[case]
     if case == "missing_input":
         inp = str(tmp_path / "nothing_*.txt")
     elif case == "empty_corpus":
@@ -372,8 +378,13 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     elif case == "output_dir_is_a_file":
         (tmp_path / "a_file").write_text("not a folder")
         out = str(tmp_path / "a_file" / "out.tfrecord")
-    proc = _run_script(tmp_path, f"--input_file={inp}", f"--output_file={out}", f"--vocab_file={vocab}",
-                       "--num_workers=1", *extra)
+    elif case == "negative_workers":
+        extra = ["--num_workers=-1"]
+    elif case == "no_such_runner":
+        extra = ["--runner=NoSuchRunner"]
+    flags = [f"--input_file={inp}", f"--output_file={out}", "--num_workers=1"]
+    flags += [] if case == "no_vocab_flag" else [f"--vocab_file={vocab}"]
+    proc = _run_script(tmp_path, *flags, *extra)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("create_pretraining_data.py: error: ") and expect in last, proc.stderr

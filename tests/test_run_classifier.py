@@ -79,6 +79,10 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_
         (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
         (["--pack_sequences", "--dynamic_padding"], "--dynamic_padding and --pack_sequences cannot be combined"),
         (["--long_inputs=windows", "--doc_stride=0"], "--doc_stride must be positive, got 0"),
+        # 0 used to be taken for "not given" (the default), and a zero batch divided by zero
+        (["--pack_sequences", "--max_sequences_per_row=0"], "max_sequences_per_row must be >= 1, got 0"),
+        (["--train_batch_size=0"], "--train_batch_size must be >= 1, got 0"),
+        (["--num_train_epochs=0"], "--num_train_epochs must be > 0, got 0.0"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):

@@ -269,6 +269,7 @@ def test_float16_packed_run_evaluates_and_logs_compile_time_apart(data, tmp_path
     (dict(max_seq_length=64), "records were written with max_seq_length=32 (flag says 64)"),
     (dict(train_batch_size=10, gradient_accumulation_steps=4),
      "train_batch_size 10 must be a positive multiple of replicas (1) x gradient_accumulation_steps (4)"),
+    (dict(pack_sequences=True, max_sequences_per_row=0), "max_sequences_per_row must be >= 1, got 0"),
 ])
 def test_bad_flags_fail_in_one_line(data, tmp_path, extra, message):
     proc = _run(_command(data, tmp_path / "out", 20, **extra))

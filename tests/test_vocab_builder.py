@@ -196,3 +196,11 @@ def test_extend_vocab_script_reports_pieces_per_word(tmp_path):
         stats = vocab_builder.word_stats(vocab, words)
         assert (f"with {tmp_path}/{name}: [UNK] {100 * stats['unk_rate']:.4f}% of wordpieces, "
                 f"{stats['pieces_per_word']:.3f} wordpieces per word") in proc.stderr
+
+
+@pytest.mark.parametrize("field, value", [("num_unused", -1), ("min_frequency", -1), ("max_new_tokens", -2)])
+def test_negative_settings_are_one_line_before_counting(tmp_path, field, value):
+    """(-1 used to be taken silently: no [unused] slots, every word kept.)"""
+    settings = vocab_builder.VocabSettings(str(tmp_path / "vocab.txt"), **{field: value})
+    with pytest.raises(ValueError, match=f"^{field}: must be >= 0, got {value}$"):
+        settings.check()

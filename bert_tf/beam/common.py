@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import importlib
 import logging
 import os
 import re
@@ -39,6 +40,9 @@ def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_worker
     args = [a for a in beam_args if not a.startswith("--runner")]
     options = PipelineOptions(args)
     name = runner or "DirectRunner"
+    check_runner(name)
+    if num_workers < 0:
+        raise BeamJobError(f"--num_workers: must be >= 0 (0: all cores), got {num_workers}")
     if name.lower() in DIRECT_RUNNERS:
         name = LOCAL_RUNNER
         direct = options.view_as(DirectOptions)
@@ -53,6 +57,25 @@ def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_worker
     return options
 
 
+def check_runner(name: str) -> None:
+    """Raises BeamJobError (one line) unless Beam can make a runner of this --runner value: one of its
+    known names (any case, "Runner" optional, as Beam reads them) or a PipelineRunner class's dotted
+    path that imports. Beam itself would fail later with a long traceback."""
+    known = {n.lower() for n in StandardOptions.KNOWN_RUNNER_NAMES}
+    if name.lower() in known or name.lower() + "runner" in known:
+        return
+    if "." not in name:
+        raise BeamJobError(f"--runner={name}: not a Beam runner (one of {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, "
+                           "or the dotted path of a PipelineRunner class)")
+    module, _, attribute = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), attribute, None)
+    except ImportError as e:
+        raise BeamJobError(f"--runner={name}: cannot import {module} ({e})") from None
+    if found is None:
+        raise BeamJobError(f"--runner={name}: {module} has no {attribute}")
+
+
 def is_local(options: PipelineOptions) -> bool:
     return (options.view_as(StandardOptions).runner or "").lower() in DIRECT_RUNNERS + ("fnapirunner",)
 
@@ -65,7 +88,13 @@ def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
     """
     direct = options.view_as(DirectOptions)
     if not is_local(options) or direct.direct_running_mode != "multi_processing":
-        return beam.Pipeline(options=options)
+        try:
+            return beam.Pipeline(options=options)
+        except ValueError as e:  # Beam's validation of a remote runner's options: one problem per line
+            problems = [line.strip().rstrip(".") for line in str(e).splitlines()[1:] if line.strip()]
+            runner = options.view_as(StandardOptions).runner
+            raise BeamJobError(f"--runner={runner}: {'; '.join(problems) or str(e)} "
+                               "(Beam pipeline options such as --project, --region, --temp_location)") from None
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.transforms.environments import SubprocessSDKEnvironment
 

@@ -197,6 +197,8 @@ def _check_config(config: PretrainingDataConfig) -> None:
         raise PretrainingDataError(f"num_output_shards: must be >= 1, got {config.num_output_shards}")
     if config.block_bytes < 1 or config.shuffle_buffer_size < 1:
         raise PretrainingDataError("block_bytes and shuffle_buffer_size must be >= 1")
+    if config.num_workers < 0:
+        raise PretrainingDataError(f"num_workers: must be >= 0 (0: all cores), got {config.num_workers}")
 
 
 def prepare(config: PretrainingDataConfig):

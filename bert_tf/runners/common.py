@@ -65,9 +65,16 @@ def mean_xent(logits: np.ndarray, labels: np.ndarray) -> float:
 
 # ------------------------------------------------------------------ the run
 def check_request(cfg: FinetuneConfig) -> None:
-    """Something to do, and a sequence length the model can hold."""
+    """Something to do, sizes that can be run, and a sequence length the model can hold."""
     if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
         raise FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+    for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "predict_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise FinetuneError(f"--{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.do_train and not cfg.num_train_epochs > 0:
+        raise FinetuneError(f"--num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+    if not 0 <= cfg.warmup_proportion <= 1:
+        raise FinetuneError(f"--warmup_proportion must be in [0, 1], got {cfg.warmup_proportion}")
     limit = cfg.run.pretrained.config.max_position_embeddings
     if cfg.max_seq_length > limit:
         raise FinetuneError(

@@ -100,6 +100,11 @@ class VocabSettings:
 
     def check(self) -> None:
         """Raises ValueError (one line) for settings that cannot give a vocab, before any counting."""
+        for name in ("num_unused", "min_frequency"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.extend_vocab:
             if not any(UNUSED_TOKEN.match(t) for t in load_vocab(self.extend_vocab)):
                 raise VocabExtensionError(f"extend_vocab: {self.extend_vocab} has no [unusedN] slots to fill")
