@@ -8,6 +8,8 @@ clipping, AdamW update) of a sentence(-pair) classifier, side by side in one run
                 length bucketing (the CPU/GPU default of run_classifier.py)
   ours-dynamic  dynamic padding (each batch cut to its longest example), no bucketing
   ours-fixed    every batch padded to max_seq_length (--dynamic_padding=false, as on TPU)
+  ours-lengths  batches cut to the few lengths bert_tf.runners.shapes chooses from the data (the
+                default under XLA: use with -xla, e.g. ours-lengths-fp32-xla)
   tfm-fixed     tf-models-official 2.20: SentencePredictionTask.build_model() (BertClassifier
                 over networks.BertEncoder, tf_keras), the optimizer of its
                 'bert/sentence_prediction' experiment (AdamWeightDecay, weight decay 0.01,
@@ -190,6 +192,7 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.configs import BertConfig
     from bert_tf.models import BertClassifier, BertEncoder
     from bert_tf.pretrained import Pretrained
+    from bert_tf.runners import shapes
     from bert_tf.runners.arrays import arrays_dataset_fn
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import make_trainer
@@ -201,15 +204,18 @@ def run_ours(args, padding, precision, xla):
     retain_freed_memory()  # as run_classifier.py (bert_flags.make_strategy)
     config = BertConfig.named(args.size, vocab_size=VOCAB_SIZE)
     arrays = load_arrays(args.data)
-    dynamic = padding != "fixed"
+    dynamic = padding in ("bucket", "dynamic")
     settings = RunSettings(
         pretrained=Pretrained(config=config, vocab_file=VOCAB_FILE, init_checkpoint=None, fmt=None,
                               do_lower_case=True),
         strategy=get_strategy("one_device"), dynamic_padding=dynamic,
         train=TrainSettings(learning_rate=LEARNING_RATE, mixed_precision=precision, jit_compile=xla,
                             iterations_per_loop=1, save_checkpoints_steps=10**9))
+    chosen = None
+    if padding == "lengths":
+        chosen = shapes.choose_lengths(shapes.example_lengths(arrays["input_mask"]), args.max_seq_length)
     dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.train.seed, dynamic_padding=dynamic,
-                                   bucket_by_length=padding == "bucket")
+                                   bucket_by_length=padding == "bucket", lengths=chosen)
     sample = _batch_tokens(dataset_fn(tf.distribute.InputContext(), args.batch), MIX_SAMPLE_BATCHES)
     mix_padded = sum(p for p, _ in sample) / len(sample) / args.batch
     per_round = steps_per_round(args, mix_padded)
@@ -721,7 +727,7 @@ def main():
     variants = list(ALL_VARIANTS if args.variants == "all" else (args.variants or ",".join(DEFAULT_VARIANTS)).split(","))
     for name in variants:
         parts = name.split("-")
-        if (len(parts) < 3 or parts[0] not in ("ours", "tfm") or parts[1] not in ("bucket", "dynamic", "fixed")
+        if (len(parts) < 3 or parts[0] not in ("ours", "tfm") or parts[1] not in ("bucket", "dynamic", "fixed", "lengths")
                 or parts[2] not in PRECISIONS or not set(parts[3:]) <= {"xla", "interop0"}
                 or (parts[0] == "tfm" and parts[1] != "fixed")):
             parser.error(f"--variants: bad variant name {name!r} (expected e.g. ours-bucket-bf16, tfm-fixed-fp32-xla)")
