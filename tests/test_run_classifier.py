@@ -155,6 +155,7 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
         (["--vocab_file=/nonexistent/vocab.txt"], "vocab file not found"),
         (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
         (["--pack_sequences", "--dynamic_padding"], "--dynamic_padding and --pack_sequences cannot be combined"),
+        (["--pack_sequences", "--length_buckets=4"], "--length_buckets cannot be combined with --pack_sequences"),
         (["--long_inputs=windows", "--doc_stride=0"], "--doc_stride must be positive, got 0"),
     ],
 )
