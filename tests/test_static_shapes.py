@@ -146,3 +146,11 @@ def test_prediction_on_chosen_lengths_equals_padded_with_one_program_per_shape()
     assert bucketed.traces == 2 and padded.traces == 1  # the last partial batch is filled up: no new shape
     bucketed(arrays, BATCH)  # a second evaluation compiles nothing new
     assert bucketed.traces == 2 and bucketed.compile_seconds > 0
+
+
+def test_compile_time_is_the_first_loops_excess_over_the_later_pace():
+    history = [dict(steps=10, seconds=30.0), dict(steps=10, seconds=5.0), dict(steps=5, seconds=3.0)]
+    text = shapes.training_compile_text(history, 3)
+    assert text.startswith("training step at 3 shape(s): ~24.5 s (the first loop took 30.0 s, 10 steps at the "
+                           "later loops' 0.550 s per step)"), text
+    assert "one loop" in shapes.training_compile_text(history[:1], 1)
