@@ -635,7 +635,13 @@ def gpu_main(args, parser):
                            f"--steps={args.steps}", f"--rounds={args.rounds}", f"--precision={args.precision}"] + (
                     ["--tiny"] if args.tiny else [])
                 started = time.time()
-                proc = subprocess.run(command, capture_output=True, text=True, env=env)
+                try:
+                    proc = subprocess.run(command, capture_output=True, text=True, env=env,
+                                          timeout=args.worker_timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{task} {variant}: stopped after --worker_timeout={args.worker_timeout} s", file=sys.stderr,
+                          flush=True)
+                    continue
                 if proc.returncode != 0 or "RESULT" not in proc.stdout:
                     print(f"{task} {variant}: failed\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
                     continue
@@ -645,15 +651,21 @@ def gpu_main(args, parser):
                 print(f"{task} {variant:13s} {result['examples_per_s']:9.1f} examples/s on {result['device']}, "
                       f"compile {result['compile_seconds']:.1f} s, real share {result['real_share']:.1%}",
                       file=sys.stderr, flush=True)
+                write_gpu_results(args, results, infos)  # after every variant: a run cut short keeps its figures
+    print(write_gpu_results(args, results, infos))
+    return 0 if results else 1
+
+
+def write_gpu_results(args, results, infos) -> str:
+    """The table so far; also bench_finetuning_gpu.json and .md in --output_dir when given."""
     text = gpu_report(args, results, infos)
-    print(text)
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "bench_finetuning_gpu.json"), "w") as f:
             json.dump(dict(args=vars(args), mixes=infos, results=results), f, indent=1)
         with open(os.path.join(args.output_dir, "bench_finetuning_gpu.md"), "w") as f:
             f.write(text + "\n")
-    return 0 if results else 1
+    return text
 
 
 def gpu_report(args, results, infos):
@@ -703,6 +715,8 @@ def main():
                         help="--gpu: the compute precision of every variant")
     parser.add_argument("--output_dir", default=os.environ.get("OUT"),
                         help="--gpu: where bench_finetuning_gpu.json and .md go (default $OUT when set)")
+    parser.add_argument("--worker_timeout", type=float, default=None,
+                        help="--gpu: stop a variant's process after this many seconds and go on with the next")
     parser.add_argument("--gpu_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="TensorFlow inter-op threads (1 ran ~1.5x faster on a 2-core CPU; docs/design.md)")

