@@ -615,6 +615,7 @@ def gpu_main(args, parser):
     """Runs every (task, variant) in its own process, one after another; prints and writes the table."""
     import numpy as np
 
+    sys.path.insert(0, REPO)  # the GLUE fixtures' featurization, when ../shared is there
     tasks = args.tasks.split(",")
     variants = tuple(args.variants.split(",")) if args.variants else GPU_VARIANTS
     if set(tasks) - set(GPU_TASKS) or set(variants) - set(GPU_VARIANTS):
