@@ -280,6 +280,10 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
                       "example. Default: on, except on TPU, under XLA and with --pack_sequences (fixed shapes).")
+    flags.DEFINE_integer("length_buckets", None, "Under XLA without --dynamic_padding or --pack_sequences: cut "
+                         "each batch to one of this many lengths chosen from the data (batches drawn by length; "
+                         "one compiled program per length), 0: pad every batch to --max_seq_length. Default: "
+                         "bert_tf.runners.shapes.DEFAULT_LENGTH_BUCKETS under XLA on GPU (and CPU), 0 on TPU.")
     define_packing_flags("examples", "FINETUNE_MAX_SEQUENCES_PER_ROW", "predictions come back one per example "
                          "in input order; not for SQuAD")
     flags.DEFINE_string("export_dir", None, "At the end, export the model of --output_dir (its latest checkpoint) "
@@ -308,12 +312,29 @@ def finetune_settings():
     strategy = make_strategy()
     if FLAGS.pack_sequences and FLAGS.dynamic_padding:
         fail("--dynamic_padding and --pack_sequences cannot be combined: packed rows have one fixed length")
+    if FLAGS.length_buckets and (FLAGS.pack_sequences or FLAGS.dynamic_padding):
+        fail("--length_buckets cannot be combined with --pack_sequences or --dynamic_padding: each shapes the "
+             "batches its own way")
     train = train_settings(strategy)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
-        strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences)
+        strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences and not FLAGS.length_buckets)
     packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}
     return RunSettings(pretrained=pretrained, strategy=strategy, train=train, dynamic_padding=dynamic,
+                       length_buckets=length_buckets(train.jit_compile, dynamic),
                        aux_lm_weight=FLAGS.aux_lm_weight, pack_sequences=FLAGS.pack_sequences, **packing)
+
+
+def length_buckets(jit_compile: bool, dynamic_padding: bool) -> int:
+    """--length_buckets, or by default a few static lengths under XLA (GPU, or CPU with --jit_compile) where
+    no other shaping is asked for. Not on TPU by default: a TPU step needs one shape on every core, and no
+    TPU was at hand to check bucketed input on."""
+    if FLAGS.length_buckets is not None:
+        return FLAGS.length_buckets
+    if not jit_compile or dynamic_padding or FLAGS.pack_sequences or strategy_name() == "tpu":
+        return 0
+    from bert_tf.runners.shapes import DEFAULT_LENGTH_BUCKETS
+
+    return DEFAULT_LENGTH_BUCKETS
 
 
 def _check_export_dir():

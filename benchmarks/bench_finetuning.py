@@ -8,6 +8,8 @@ clipping, AdamW update) of a sentence(-pair) classifier, side by side in one run
                 length bucketing (the CPU/GPU default of run_classifier.py)
   ours-dynamic  dynamic padding (each batch cut to its longest example), no bucketing
   ours-fixed    every batch padded to max_seq_length (--dynamic_padding=false, as on TPU)
+  ours-lengths  batches cut to the few lengths bert_tf.runners.shapes chooses from the data (the
+                default under XLA: use with -xla, e.g. ours-lengths-fp32-xla)
   tfm-fixed     tf-models-official 2.20: SentencePredictionTask.build_model() (BertClassifier
                 over networks.BertEncoder, tf_keras), the optimizer of its
                 'bert/sentence_prediction' experiment (AdamWeightDecay, weight decay 0.01,
@@ -46,6 +48,16 @@ least-squares fit of CPU seconds per step = fixed + per-token cost over our step
 
 Each worker holds ~2-3 GB at BERT-small; at most --max_workers are alive at once (larger
 variant sets run in groups, interleaved within a group).
+
+GPU mode (--gpu; the notes above "GPU mode" below say what each variant is): BERT-base, bf16,
+batch 32, classification on the GLUE-like mix at seq 128 and SQuAD-like span training at 384,
+ours (XLA: default shapes, packed, padded) against Hugging Face's Trainer recipe (eager and
+torch.compile), examples/s after warm-up with compile seconds apart, the GPU's name beside
+every figure; bench_finetuning_gpu.json and .md go to --output_dir (default $OUT). Needs
+TensorFlow, torch and transformers; run it from the repository root:
+
+  PYTHONPATH=$PWD python benchmarks/bench_finetuning.py --gpu --tasks=glue     # then --tasks=squad
+  python benchmarks/bench_finetuning.py --gpu --tiny --examples=256 --batch=8 --warmup_steps=4 --steps=2  # CPU check
 """
 
 from __future__ import annotations
@@ -180,6 +192,7 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.configs import BertConfig
     from bert_tf.models import BertClassifier, BertEncoder
     from bert_tf.pretrained import Pretrained
+    from bert_tf.runners import shapes
     from bert_tf.runners.arrays import arrays_dataset_fn
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import make_trainer
@@ -191,15 +204,18 @@ def run_ours(args, padding, precision, xla):
     retain_freed_memory()  # as run_classifier.py (bert_flags.make_strategy)
     config = BertConfig.named(args.size, vocab_size=VOCAB_SIZE)
     arrays = load_arrays(args.data)
-    dynamic = padding != "fixed"
+    dynamic = padding in ("bucket", "dynamic")
     settings = RunSettings(
         pretrained=Pretrained(config=config, vocab_file=VOCAB_FILE, init_checkpoint=None, fmt=None,
                               do_lower_case=True),
         strategy=get_strategy("one_device"), dynamic_padding=dynamic,
         train=TrainSettings(learning_rate=LEARNING_RATE, mixed_precision=precision, jit_compile=xla,
                             iterations_per_loop=1, save_checkpoints_steps=10**9))
+    chosen = None
+    if padding == "lengths":
+        chosen = shapes.choose_lengths(shapes.example_lengths(arrays["input_mask"]), args.max_seq_length)
     dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.train.seed, dynamic_padding=dynamic,
-                                   bucket_by_length=padding == "bucket")
+                                   bucket_by_length=padding == "bucket", lengths=chosen)
     sample = _batch_tokens(dataset_fn(tf.distribute.InputContext(), args.batch), MIX_SAMPLE_BATCHES)
     mix_padded = sum(p for p, _ in sample) / len(sample) / args.batch
     per_round = steps_per_round(args, mix_padded)
@@ -378,6 +394,305 @@ def worker(args):
     fn(args, padding, precision, "xla" in extra)
 
 
+# ---------------------------------------------------------------------------- GPU mode (--gpu)
+# Fine-tuning as a GPU user runs it, ours against Hugging Face's Trainer recipe, BERT-base, bf16:
+#   glue   classification on the GLUE-like length mix at seq 128 (build_arrays), batch 32
+#   squad  span training at seq 384 on SQuAD-like lengths (SQUAD_MEDIAN, SQUAD_SIGMA), batch 32
+# Variants:
+#   ours-buckets  run_classifier/run_squad's GPU default: XLA, batches cut to the lengths
+#                 bert_tf.runners.shapes chooses from the data (one compiled program per length)
+#   ours-packed   --pack_sequences (several examples per row of 128; glue only: SQuAD's windows do not pack)
+#   ours-padded   --length_buckets=0: every batch at max_seq_length (one program)
+#   hf-eager      transformers' BertFor{SequenceClassification,QuestionAnswering}, sdpa attention, the
+#                 Trainer's recipe written out: DataCollatorWithPadding (each batch padded to its longest),
+#                 torch.autocast bf16, fused AdamW (no decay on biases and LayerNorm), linear warmup/decay,
+#                 clip norm 1.0
+#   hf-compile    the same with torch.compile(model) (what Trainer(torch_compile=True) does)
+# Each variant runs in its own process: --warmup_steps steps (compiling every shape it meets), then
+# --rounds timed host calls of --steps steps each. Timings are CUDA-synchronised (ours reads each
+# call's losses back; hf calls torch.cuda.synchronize()); examples/s is the median over the timed
+# calls; compile seconds are the warm-up's wall time beyond --warmup_steps steps at the timed pace.
+GPU_TASKS = {"glue": 128, "squad": 384}  # task -> max_seq_length
+GPU_VARIANTS = ("ours-buckets", "ours-packed", "ours-padded", "hf-eager", "hf-compile")
+SQUAD_MEDIAN, SQUAD_SIGMA = 160, 0.4  # wordpieces of question + context window (SQuAD v1.1 at 384: mean ~170)
+SQUAD_QUESTION = 14  # wordpieces of [CLS] question [SEP]
+
+
+def squad_arrays(num_examples, max_seq_length, seed=0):
+    """Span-training features in the original's names: [CLS] question [SEP] context [SEP], zero-padded,
+    the answer span somewhere in the context; random ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(SQUAD_MEDIAN), SQUAD_SIGMA, num_examples)), SQUAD_QUESTION + 8,
+                      max_seq_length).astype(int)
+    positions = np.arange(max_seq_length)[None, :]
+    mask = (positions < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(1000, VOCAB_SIZE, size=mask.shape).astype(np.int32) * mask
+    segments = ((positions >= SQUAD_QUESTION) & (mask == 1)).astype(np.int32)
+    start = rng.integers(SQUAD_QUESTION, lengths - 4)
+    end = np.minimum(start + rng.integers(0, 4, num_examples), lengths - 2)
+    arrays = dict(input_ids=ids, input_mask=mask, segment_ids=segments, start_positions=start.astype(np.int32),
+                  end_positions=end.astype(np.int32))
+    info = dict(source=f"synthetic SQuAD-like lengths (log-normal, median {SQUAD_MEDIAN}, sigma {SQUAD_SIGMA})",
+                examples=num_examples, mean_length=float(lengths.mean()), median_length=float(np.median(lengths)),
+                p90_length=float(np.percentile(lengths, 90)), max_length=int(lengths.max()))
+    return arrays, info
+
+
+def gpu_task_arrays(task, examples):
+    if task == "glue":
+        return build_arrays(examples, GPU_TASKS[task])
+    return squad_arrays(examples, GPU_TASKS[task])
+
+
+def gpu_size(args):
+    return "tiny" if args.tiny else "base"
+
+
+def run_ours_gpu(args, task, variant):
+    """Our fine-tuning step as run_classifier / run_squad run it on a GPU: bf16, XLA, the variant's shapes."""
+    import tensorflow as tf
+
+    from bert_tf.configs import BertConfig
+    from bert_tf.data.packing import pack_examples
+    from bert_tf.models import BertClassifier, BertEncoder, BertSpanLabeler
+    from bert_tf.pretrained import Pretrained
+    from bert_tf.runners import shapes
+    from bert_tf.runners.arrays import arrays_dataset_fn
+    from bert_tf.runners.classifier import classification_loss
+    from bert_tf.runners.common import make_trainer
+    from bert_tf.runners.settings import RunSettings
+    from bert_tf.runners.squad import span_loss
+    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.memory import retain_freed_memory
+    from bert_tf.training.strategy import get_strategy
+
+    retain_freed_memory()
+    seq = GPU_TASKS[task]
+    arrays = load_arrays(args.data)
+    lengths = shapes.example_lengths(arrays["input_mask"])
+    examples_per_row, real = 1.0, float(lengths.sum() / (len(lengths) * seq))
+    chosen = None
+    if variant == "ours-packed":
+        packed = pack_examples(arrays)
+        examples_per_row, real = len(lengths) / packed.num_rows, packed.efficiency()
+        arrays = packed.arrays
+    elif variant == "ours-buckets":
+        chosen = shapes.choose_lengths(lengths, seq)
+        real = shapes.real_share(lengths, chosen)
+    config = BertConfig.named(gpu_size(args), vocab_size=VOCAB_SIZE)
+    gpus = tf.config.list_physical_devices("GPU")
+    device = (tf.config.experimental.get_device_details(gpus[0]).get("device_name") or "GPU") if gpus else "CPU"
+    settings = RunSettings(
+        pretrained=Pretrained(config=config, vocab_file=VOCAB_FILE, init_checkpoint=None, fmt=None, do_lower_case=True),
+        strategy=get_strategy("one_device"), dynamic_padding=False,
+        train=TrainSettings(learning_rate=LEARNING_RATE, mixed_precision=args.precision, jit_compile=True,
+                            iterations_per_loop=args.steps, save_checkpoints_steps=10**9))
+    dataset_fn = arrays_dataset_fn(arrays, training=True, seed=settings.train.seed, dynamic_padding=False,
+                                   lengths=chosen)
+    if task == "glue":
+        model_fn, loss_fn = lambda: BertClassifier(BertEncoder(config), NUM_LABELS, skip_padding=False), \
+            classification_loss
+    else:
+        model_fn, loss_fn = lambda: BertSpanLabeler(BertEncoder(config)), span_loss
+    output_dir = tempfile.mkdtemp(prefix="bench_finetuning_gpu_")
+    try:
+        total = args.warmup_steps + args.rounds * args.steps
+        trainer = make_trainer(settings, output_dir, model_fn, loss_fn, num_train_steps=total,
+                               global_batch_size=args.batch, warmup_proportion=WARMUP_PROPORTION)
+        trainer.train_steps = args.warmup_steps
+        trainer.train(dataset_fn)  # host calls of --steps steps: compiles every shape it meets
+        warmup_seconds = sum(r["seconds"] for r in trainer.loop_history)
+        trainer.train_steps = total
+        trainer.train(dataset_fn)  # resumes the same input
+        timed = trainer.loop_history[-args.rounds:]
+    finally:
+        tf.io.gfile.rmtree(output_dir)
+    per_step = statistics.median(r["seconds"] / r["steps"] for r in timed)
+    rates = [r["steps"] * args.batch * examples_per_row / r["seconds"] for r in timed]
+    return dict(examples_per_s=statistics.median(rates), rates=rates, device=device,
+                compile_seconds=max(0.0, warmup_seconds - args.warmup_steps * per_step),
+                real_share=real, shapes=list(chosen) if chosen else [seq], losses=trainer.step_losses[-3:],
+                precision=args.precision, batch_unit="rows" if variant == "ours-packed" else "examples")
+
+
+def run_hf_gpu(args, task, variant):
+    """transformers' fine-tuning as its Trainer runs it (see the GPU-mode notes above)."""
+    import torch
+    import transformers
+    from bench_pretraining import HF_ACTIVATION
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    torch.manual_seed(0)
+    layers, hidden = SIZES[gpu_size(args)]
+    config = transformers.BertConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        intermediate_size=4 * hidden, max_position_embeddings=512, type_vocab_size=2, hidden_act=HF_ACTIVATION,
+        num_labels=NUM_LABELS, attn_implementation="sdpa")
+    model_class = transformers.BertForSequenceClassification if task == "glue" else transformers.BertForQuestionAnswering
+    model = model_class(config).to(device).train()
+    arrays = load_arrays(args.data)
+    rows = []
+    for i, n in enumerate(arrays["input_mask"].sum(1)):
+        row = dict(input_ids=arrays["input_ids"][i, :n].tolist(), token_type_ids=arrays["segment_ids"][i, :n].tolist(),
+                   attention_mask=[1] * int(n))
+        if task == "glue":
+            row["labels"] = int(arrays["label_ids"][i])
+        else:
+            row.update(start_positions=int(arrays["start_positions"][i]), end_positions=int(arrays["end_positions"][i]))
+        rows.append(row)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = os.path.join(tmp, "vocab.txt")
+        with open(vocab, "w") as f:
+            f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                              [f"t{i}" for i in range(VOCAB_SIZE - 5)]) + "\n")
+        tokenizer = transformers.BertTokenizerFast(vocab_file=vocab)
+    collator = transformers.DataCollatorWithPadding(tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(rows, batch_size=args.batch, shuffle=True, drop_last=True,
+                                         collate_fn=collator, pin_memory=cuda, generator=generator)
+    no_decay = {id(p) for name, p in model.named_parameters() if "bias" in name or "LayerNorm" in name}
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(
+        [dict(params=[p for p in params if id(p) not in no_decay], weight_decay=0.01),
+         dict(params=[p for p in params if id(p) in no_decay], weight_decay=0.0)],
+        lr=LEARNING_RATE, fused=True)
+    total = args.warmup_steps + args.rounds * args.steps
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(total * WARMUP_PROPORTION), total)
+    forward = torch.compile(model) if variant == "hf-compile" else model
+    precision = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.precision)
+
+    def batches():
+        while True:
+            yield from loader
+
+    stream = batches()
+    losses, padded, real = [], [], []
+
+    def run(n):
+        for _ in range(n):
+            batch = next(stream)
+            padded.append(batch["input_ids"].numel())
+            real.append(int(batch["attention_mask"].sum()))
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=precision or torch.float32, enabled=precision is not None):
+                loss = forward(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed(n):
+        start = time.perf_counter()
+        run(n)
+        return time.perf_counter() - start
+
+    warmup_seconds = timed(args.warmup_steps)
+    seconds = [timed(args.steps) for _ in range(args.rounds)]
+    per_step = statistics.median(s / args.steps for s in seconds)
+    return dict(examples_per_s=statistics.median(args.steps * args.batch / s for s in seconds),
+                rates=[args.steps * args.batch / s for s in seconds],
+                device=torch.cuda.get_device_name(0) if cuda else "CPU",
+                compile_seconds=max(0.0, warmup_seconds - args.warmup_steps * per_step),
+                real_share=sum(real) / max(sum(padded), 1), shapes=[],
+                losses=[float(x) for x in losses[-3:]], precision=args.precision, batch_unit="examples")
+
+
+def gpu_worker(args):
+    task, variant = args.gpu_worker.split(":")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_pretraining, for the HF worker
+    fn = run_hf_gpu if variant.startswith("hf-") else run_ours_gpu
+    print("RESULT" + json.dumps(fn(args, task, variant)), flush=True)
+
+
+def gpu_main(args, parser):
+    """Runs every (task, variant) in its own process, one after another; prints and writes the table."""
+    import numpy as np
+
+    sys.path.insert(0, REPO)  # the GLUE fixtures' featurization, when ../shared is there
+    tasks = args.tasks.split(",")
+    variants = tuple(args.variants.split(",")) if args.variants else GPU_VARIANTS
+    if set(tasks) - set(GPU_TASKS) or set(variants) - set(GPU_VARIANTS):
+        parser.error(f"--gpu: --tasks from {', '.join(GPU_TASKS)}, --variants from {', '.join(GPU_VARIANTS)}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    results, infos = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in tasks:
+            arrays, infos[task] = gpu_task_arrays(task, args.examples)
+            data = os.path.join(tmp, f"{task}.npz")
+            np.savez(data, **arrays)
+            for variant in variants:
+                if variant == "ours-packed" and task == "squad":
+                    continue  # SQuAD's windows are not packed (run_squad refuses --pack_sequences)
+                command = [sys.executable, os.path.abspath(__file__), f"--gpu_worker={task}:{variant}",
+                           f"--data={data}", f"--batch={args.batch}", f"--warmup_steps={args.warmup_steps}",
+                           f"--steps={args.steps}", f"--rounds={args.rounds}", f"--precision={args.precision}"] + (
+                    ["--tiny"] if args.tiny else [])
+                started = time.time()
+                try:
+                    proc = subprocess.run(command, capture_output=True, text=True, env=env,
+                                          timeout=args.worker_timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{task} {variant}: stopped after --worker_timeout={args.worker_timeout} s", file=sys.stderr,
+                          flush=True)
+                    continue
+                if proc.returncode != 0 or "RESULT" not in proc.stdout:
+                    print(f"{task} {variant}: failed\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
+                    continue
+                result = dict(json.loads(proc.stdout.split("RESULT", 1)[1]), task=task, variant=variant,
+                              wall_seconds=time.time() - started)
+                results.append(result)
+                print(f"{task} {variant:13s} {result['examples_per_s']:9.1f} examples/s on {result['device']}, "
+                      f"compile {result['compile_seconds']:.1f} s, real share {result['real_share']:.1%}",
+                      file=sys.stderr, flush=True)
+                write_gpu_results(args, results, infos)  # after every variant: a run cut short keeps its figures
+    print(write_gpu_results(args, results, infos))
+    return 0 if results else 1
+
+
+def write_gpu_results(args, results, infos) -> str:
+    """The table so far; also bench_finetuning_gpu.json and .md in --output_dir when given."""
+    text = gpu_report(args, results, infos)
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "bench_finetuning_gpu.json"), "w") as f:
+            json.dump(dict(args=vars(args), mixes=infos, results=results), f, indent=1)
+        with open(os.path.join(args.output_dir, "bench_finetuning_gpu.md"), "w") as f:
+            f.write(text + "\n")
+    return text
+
+
+def gpu_report(args, results, infos):
+    layers, hidden = SIZES[gpu_size(args)]
+    lines = [f"BERT-{gpu_size(args)} (L{layers}/H{hidden}), batch {args.batch}, {args.precision}, "
+             f"{args.warmup_steps} warm-up steps, then {args.rounds} timed calls of {args.steps} steps (median)"]
+    for task, info in infos.items():
+        lines.append(f"{task} at {GPU_TASKS[task]}: {info['source']}; {info['examples']} examples, tokens per "
+                     f"example mean {info['mean_length']:.1f}, median {info['median_length']:.0f}, "
+                     f"p90 {info['p90_length']:.0f}")
+    lines += ["", "| task | variant | device | examples/s | vs best hf | compile s | real tokens / positions | "
+              "shapes | last loss |", "|---|---|---|---:|---:|---:|---:|---|---:|"]
+    for task in infos:
+        rows = [r for r in results if r["task"] == task]
+        hf = [r["examples_per_s"] for r in rows if r["variant"].startswith("hf-")]
+        for r in rows:
+            ratio = f"{r['examples_per_s'] / max(hf):.2f}x" if hf else "-"
+            lines.append(f"| {task} | {r['variant']} | {r['device']} | {r['examples_per_s']:.1f} | {ratio} | "
+                         f"{r['compile_seconds']:.1f} | {r['real_share']:.1%} | "
+                         f"{', '.join(map(str, r['shapes'])) or 'each batch to its longest'} | "
+                         f"{r['losses'][-1]:.3f} |")
+    lines.append("(examples/s: after warm-up, CUDA-synchronised on a GPU; ours-packed counts the examples in its rows; "
+                 "compile s: the warm-up's time beyond its steps at the timed pace)")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- driver
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -385,12 +700,25 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--max_seq_length", type=int, default=128)
     parser.add_argument("--examples", type=int, default=4096, help="examples in the resampled length mix")
-    parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first (tracing, first shapes)")
-    parser.add_argument("--steps", type=int, default=2,
-                        help="timed steps per round at fixed padding (shorter batches: proportionally more)")
-    parser.add_argument("--rounds", type=int, default=3, help="each variant runs once per round, order rotated")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated variant names, or 'all' (see the module docstring)")
+    parser.add_argument("--warmup_steps", type=int, default=None,
+                        help="untimed steps first (tracing, first shapes); default 2, --gpu 40")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round at fixed padding (shorter "
+                        "batches: proportionally more); --gpu: steps per timed host call; default 2, --gpu 25")
+    parser.add_argument("--rounds", type=int, default=3, help="each variant runs once per round, order rotated "
+                        "(--gpu: timed host calls per variant)")
+    parser.add_argument("--variants", default=None, help="comma-separated variant names, or 'all' (see the module "
+                        "docstring); --gpu: from GPU_VARIANTS")
+    parser.add_argument("--gpu", action="store_true", help="GPU mode: ours (XLA, bf16: default shapes, packed, "
+                        "padded) against Hugging Face (eager, torch.compile) on a GLUE-like mix and SQuAD-like spans")
+    parser.add_argument("--tasks", default=",".join(GPU_TASKS), help="--gpu: comma-separated, from glue, squad")
+    parser.add_argument("--tiny", action="store_true", help="--gpu: a 2-layer model instead of BERT-base (CPU tests)")
+    parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="--gpu: the compute precision of every variant")
+    parser.add_argument("--output_dir", default=os.environ.get("OUT"),
+                        help="--gpu: where bench_finetuning_gpu.json and .md go (default $OUT when set)")
+    parser.add_argument("--worker_timeout", type=float, default=None,
+                        help="--gpu: stop a variant's process after this many seconds and go on with the next")
+    parser.add_argument("--gpu_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="TensorFlow inter-op threads (1 ran ~1.5x faster on a 2-core CPU; docs/design.md)")
     parser.add_argument("--max_workers", type=int, default=4,
@@ -400,13 +728,21 @@ def main():
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    gpu = args.gpu or args.gpu_worker
+    args.warmup_steps = args.warmup_steps or (40 if gpu else 2)
+    args.steps = args.steps or (25 if gpu else 2)
+    if args.gpu_worker:
+        gpu_worker(args)
+        return
     if args.worker:
         worker(args)
         return
-    variants = list(ALL_VARIANTS if args.variants == "all" else args.variants.split(","))
+    if args.gpu:
+        sys.exit(gpu_main(args, parser))
+    variants = list(ALL_VARIANTS if args.variants == "all" else (args.variants or ",".join(DEFAULT_VARIANTS)).split(","))
     for name in variants:
         parts = name.split("-")
-        if (len(parts) < 3 or parts[0] not in ("ours", "tfm") or parts[1] not in ("bucket", "dynamic", "fixed")
+        if (len(parts) < 3 or parts[0] not in ("ours", "tfm") or parts[1] not in ("bucket", "dynamic", "fixed", "lengths")
                 or parts[2] not in PRECISIONS or not set(parts[3:]) <= {"xla", "interop0"}
                 or (parts[0] == "tfm" and parts[1] != "fixed")):
             parser.error(f"--variants: bad variant name {name!r} (expected e.g. ours-bucket-bf16, tfm-fixed-fp32-xla)")

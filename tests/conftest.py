@@ -114,6 +114,7 @@ SLOW_MODULES = {
     "test_hub.py", "test_beam.py", "test_readme_run.py",
 }
 SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
+              "test_gpu_mode_runs_ours_and_hugging_face_on_both_tasks_and_writes_its_results",
               # test_console's subprocess runs (its start-up test and unit tests are fast)
               "test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back",
               "test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it",

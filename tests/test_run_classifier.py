@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,82 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_
     assert np.loadtxt(out / "test_results.tsv", delimiter="\t").shape == (6, 2)
 
 
+def test_xla_default_shapes_are_few_and_score_as_padded(tiny_model, tmp_path):
+    """Under XLA (here --jit_compile on CPU, the GPU default) batches are cut to a few lengths chosen from the
+    data: the log names them and their real-token share, the step is traced once, prediction compiles one
+    program per length; evaluating the trained model at those shapes scores what padding to max_seq_length does."""
+    out = tmp_path / "out"
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--do_eval", "--jit_compile",
+                                            "--num_train_epochs=4", "--learning_rate=1e-3",
+                                            "--iterations_per_loop=6", "--eval_every_steps=0"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stderr
+    chosen = [line for line in log.splitlines() if "train: XLA batch shapes" in line]
+    assert len(chosen) == 1 and "of positions real (padded to 32:" in chosen[0], log[-3000:]
+    lengths = [int(n) for n in re.findall(r"\[8, (\d+)\]", chosen[0].split(" chosen")[0])]
+    assert 1 <= len(lengths) <= 4 and max(lengths) < 32, chosen  # short sentences: never the full 32
+    summary = re.search(r"batch shapes: \[8, n\] for n in ([\d, ]+) \(one compiled program each\): "
+                        r"([\d.]+)% of positions real \(padded to 32: ([\d.]+)%\)", log)
+    assert summary and [int(n) for n in summary.group(1).split(", ")] == lengths, log[-3000:]
+    assert float(summary.group(2)) > 1.5 * float(summary.group(3))
+    traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", log)
+    assert traced and int(traced.group(1)) == 1 and 1 <= int(traced.group(2)) <= 4, log[-2000:]
+    assert "XLA compiling: training step at" in log
+    bucketed = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert float(bucketed["eval_accuracy"]) >= 0.9, bucketed
+    # The same checkpoint evaluated with every batch padded to max_seq_length: the same metrics.
+    padded_run = run_classifier(*user_task_args(tiny_model, out, "--do_eval", "--jit_compile", "--length_buckets=0"))
+    assert padded_run.returncode == 0, padded_run.stderr[-3000:]
+    assert "XLA programs traced: training step 0, prediction 1" in padded_run.stderr
+    padded = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert padded["eval_accuracy"] == bucketed["eval_accuracy"] and padded["global_step"] == bucketed["global_step"]
+    assert abs(float(padded["eval_loss"]) - float(bucketed["eval_loss"])) < 1e-5
+
+
+# Makes the training step's allocation fail for real: the loss adds a tile of 2^40 floats (4 TiB), which
+# no allocator can give (the error TensorFlow raises for a batch too large for a GPU).
+OUT_OF_MEMORY_BOOTSTRAP = """
+import runpy, sys
+sys.path.insert(0, {repo!r})
+import tensorflow as tf
+from bert_tf.runners import classifier
+real_loss = classifier.classification_loss
+def loss(model, batch, training):
+    value, metrics = real_loss(model, batch, training)
+    if training:
+        huge = tf.tile(tf.cast(batch["input_ids"][:1, :4], tf.float32), [2 ** 20, 2 ** 18])
+        value += tf.minimum(tf.reduce_sum(huge), 0.0)  # 0 (ids are >= 0), which no compiler can know
+    return value, metrics
+classifier.ClassifierTask.loss = staticmethod(loss)
+sys.argv = ["run_classifier.py"] + sys.argv[1:]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, xla):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    bootstrap = OUT_OF_MEMORY_BOOTSTRAP.format(repo=str(REPO), script=str(REPO / "run_classifier.py"))
+    result = subprocess.run([sys.executable, "-c", bootstrap, *user_task_args(tiny_model, out, "--do_train"),
+                             f"--jit_compile={xla}", "--gradient_accumulation_steps=2"],
+                            capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("error: out of device memory in training on CPU:0: a batch of 4 examples per replica x 32 "
+                    "tokens in float32 does not fit; lower it with --train_batch_size, "
+                    "--gradient_accumulation_steps (the same batch in micro-batches) or --mixed_precision "
+                    "(bfloat16; float16 on GPUs without bfloat16)"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    # Every file that was there is as it was; nothing of a model directory was written (the run's
+    # TensorBoard events, written when training starts, may be new).
+    assert (out / "keep.txt").read_text() == "precious"
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {"keep.txt"}
+    assert all(os.path.basename(name).startswith("events.out.") for name in written), written
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -78,6 +155,7 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_
         (["--vocab_file=/nonexistent/vocab.txt"], "vocab file not found"),
         (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
         (["--pack_sequences", "--dynamic_padding"], "--dynamic_padding and --pack_sequences cannot be combined"),
+        (["--pack_sequences", "--length_buckets=4"], "--length_buckets cannot be combined with --pack_sequences"),
         (["--long_inputs=windows", "--doc_stride=0"], "--doc_stride must be positive, got 0"),
         # 0 used to be taken for "not given" (the default), and a zero batch divided by zero
         (["--pack_sequences", "--max_sequences_per_row=0"], "max_sequences_per_row must be >= 1, got 0"),

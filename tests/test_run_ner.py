@@ -6,6 +6,7 @@ real-layout run and the bad-input cases call the library's `run` in-process.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -151,15 +152,20 @@ def test_train_eval_predict_learns_and_writes_files(trained, data_dir, tiny_mode
     assert info["max_seq_length"] == MAX_SEQ_LENGTH and info["do_lower_case"] is True
 
 
-def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, data_dir, tmp_path):
-    """--pack_sequences --jit_compile: sentences share rows, tags move with their tokens and come back per
-    sentence; one compiled training step and one prediction."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_under_xla_learns_with_one_program_per_shape(tiny_model, data_dir, tmp_path, packed):
+    """--jit_compile --pack_sequences: sentences share rows, tags move with their tokens and come back per
+    sentence; one compiled training step and one prediction. Without packing (the GPU default): batches cut to
+    a few lengths chosen from the data, one trace of the step and a prediction program per length."""
     out = tmp_path / "out"
     result = run_ner(*model_args(tiny_model, data_dir, out), "--train_batch_size=4", "--num_train_epochs=8",
-                     "--learning_rate=1e-3", "--iterations_per_loop=12", "--pack_sequences", "--jit_compile",
-                     "--do_train", "--do_eval")
+                     "--learning_rate=1e-3", "--iterations_per_loop=12", "--jit_compile", "--do_train", "--do_eval",
+                     *(["--pack_sequences"] if packed else []))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "XLA programs traced: training step 1, prediction 1" in result.stderr, result.stderr[-2000:]
+    traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", result.stderr)
+    assert traced and int(traced.group(1)) == 1, result.stderr[-2000:]
+    assert int(traced.group(2)) == 1 if packed else 1 <= int(traced.group(2)) <= 4
+    assert ("XLA batch shapes" in result.stderr) is not packed
     results = read_results(out / "eval_results.txt")
     assert float(results["eval_f1"]) >= 0.9, results
     assert [w[:-1] for w in word_lines(out / "eval_predictions.txt")] == word_lines(data_dir / "valid.txt")

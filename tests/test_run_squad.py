@@ -98,7 +98,7 @@ def runs(files):
         "v2": squad_command(*common, f"--output_dir={files / 'out_v2'}", "--version_2_with_negative",
                             f"--train_file={files / 'train.json'}", "--do_predict",
                             f"--predict_file={files / 'dev.json'}", f"--n_best_size={N_BEST}"),
-        # v1.1 runs under XLA: fixed shapes, one program for training and one for prediction.
+        # v1.1 runs under XLA: a few static lengths, one trace of the training step.
         "v1": squad_command(*common, f"--output_dir={files / 'out_v1'}", f"--train_file={files / 'train1.json'}",
                             "--do_eval", f"--predict_file={files / 'dev1.json'}", "--jit_compile"),
     }
@@ -199,7 +199,10 @@ def test_builtin_eval_equals_the_official_command(files, trained_v2):
 
 def test_v1_train_and_eval(runs):
     out, stderr = runs["v1"]
-    assert "XLA programs traced: training step 1, prediction 1" in stderr, stderr[-2000:]
+    # Under XLA the windows are cut to a few lengths chosen from the data: one trace, a program per length.
+    traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", stderr)
+    assert traced and int(traced.group(1)) == 1 and 1 <= int(traced.group(2)) <= 4, stderr[-2000:]
+    assert "train: XLA batch shapes" in stderr and "of positions real (padded to" in stderr
     results, keys = read_eval_results(out / "eval_results.txt")
     assert keys == ["exact_match", "f1", "global_step"]
     assert results["exact_match"] >= 90, results

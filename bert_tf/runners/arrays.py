@@ -7,12 +7,14 @@ Dimensions: N examples, S sequence length.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from bert_tf.pretrained import FinetuneError
+from bert_tf.runners.shapes import choose_lengths, example_lengths
 
 # Batches are padded up to a multiple of this under dynamic padding: few distinct
 # shapes (fewer retraces) while short batches still skip most of the padding.
@@ -24,12 +26,18 @@ SEQUENCE_KEYS = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_m
 
 
 # ------------------------------------------------------------------ tf.data over arrays
-def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE) -> Dict[str, tf.Tensor]:
-    """Cuts the sequence axis of a padded batch to its longest example (rounded up to `multiple`)."""
+def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE,
+                 lengths: Optional[Sequence[int]] = None) -> Dict[str, tf.Tensor]:
+    """Cuts the sequence axis of a padded batch to its longest example, rounded up to `multiple`, or
+    with `lengths` (ascending, bert_tf.runners.shapes.choose_lengths) to the shortest of them that holds it."""
     mask = batch["input_mask"]
     longest = tf.reduce_max(tf.reduce_sum(tf.cast(mask, tf.int32), axis=-1))
     full = tf.shape(mask)[-1]
-    length = tf.minimum(full, (longest + multiple - 1) // multiple * multiple)
+    if lengths:
+        chosen = tf.constant(list(lengths) + [2**30], tf.int32)  # a longest beyond them all keeps the full length
+        length = tf.minimum(full, tf.gather(chosen, tf.searchsorted(chosen, [longest], side="left"))[0])
+    else:
+        length = tf.minimum(full, (longest + multiple - 1) // multiple * multiple)
     # label_ids is per token only for tagging ([B, S]); per example ([B]) it is left alone.
     return {k: (v[..., :length] if k in SEQUENCE_KEYS and v.shape.rank >= 2 else v) for k, v in batch.items()}
 
@@ -46,18 +54,29 @@ def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
 
 
 def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed: int = 12345,
-                      dynamic_padding: bool = True, bucket_by_length: bool = True) -> Callable:
+                      dynamic_padding: bool = True, bucket_by_length: bool = True,
+                      lengths: Optional[Sequence[int]] = None, micro_batches: int = 1) -> Callable:
     """dataset_fn(input_context, batch_size) for the Trainer over in-memory feature arrays.
 
     Training repeats and shuffles; with `dynamic_padding` each batch is cut to its
     longest example, and `bucket_by_length` groups examples of similar length so
     short sentences do not pay for `max_seq_length` (keep both off on TPU, which
     wants fixed shapes). Evaluation keeps the order and the last partial batch.
+    `lengths` (XLA's static shapes, bert_tf.runners.shapes): training batches are drawn per length
+    bucket (examples longer than lengths[i - 1], at most lengths[i]) and cut to their bucket's length,
+    so every batch has one of len(lengths) shapes; this replaces dynamic_padding and bucket_by_length.
+    micro_batches: training batches come in runs of this many of one shape (gradient accumulation: the
+    Trainer stacks them into one step, which needs one shape), cut from one batch of micro_batches x
+    batch_size examples.
     """
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
     n = len(arrays["input_ids"])
+    if lengths:
+        dynamic_padding, bucket_by_length = True, True
 
-    def dataset_fn(ctx: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    def dataset_fn(ctx: tf.distribute.InputContext, micro_batch_size: int) -> tf.data.Dataset:
+        group = micro_batches if training and dynamic_padding else 1  # batches cut alike
+        batch_size = micro_batch_size * group
         ds = tf.data.Dataset.from_tensor_slices(arrays)
         if ctx.num_input_pipelines > 1:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
@@ -65,7 +84,8 @@ def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed:
             ds = ds.shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=True).repeat()
             if dynamic_padding and bucket_by_length:
                 seq = arrays["input_ids"].shape[-1]
-                bounds = [b for b in BUCKET_BOUNDARIES if b < seq]
+                # bucket_by_sequence_length's bucket i holds lengths below bounds[i]
+                bounds = [n + 1 for n in lengths[:-1]] if lengths else [b for b in BUCKET_BOUNDARIES if b < seq]
 
                 def length(x):
                     # Multiple choice: [C, S]; the longest choice decides.
@@ -78,17 +98,21 @@ def arrays_dataset_fn(arrays: Mapping[str, np.ndarray], *, training: bool, seed:
         else:
             ds = ds.batch(batch_size)
         if dynamic_padding:
-            ds = ds.map(trim_padding, num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.map(lambda b: trim_padding(b, lengths=lengths), num_parallel_calls=tf.data.AUTOTUNE)
+        if group > 1:  # [group * b, ...] -> `group` batches [b, ...] of one shape, one after another
+            ds = ds.flat_map(lambda b: tf.data.Dataset.from_tensor_slices(
+                {k: tf.reshape(v, tf.concat([[group, micro_batch_size], tf.shape(v)[1:]], 0)) for k, v in b.items()}))
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
 
 
-def training_input(arrays: Mapping[str, np.ndarray], *, seed: int = 12345,
-                   dynamic_padding: bool = True) -> Tuple[Callable, str]:
+def training_input(arrays: Mapping[str, np.ndarray], *, seed: int = 12345, dynamic_padding: bool = True,
+                   lengths: Optional[Sequence[int]] = None, micro_batches: int = 1) -> Tuple[Callable, str]:
     """(dataset_fn, input_id) of a training run over featurized arrays: arrays_dataset_fn's training
     pipeline and the arrays' fingerprint, by which a resumed run knows it reads the same input."""
-    return (arrays_dataset_fn(arrays, training=True, seed=seed, dynamic_padding=dynamic_padding),
+    return (arrays_dataset_fn(arrays, training=True, seed=seed, dynamic_padding=dynamic_padding, lengths=lengths,
+                              micro_batches=micro_batches),
             arrays_digest(arrays))
 
 
@@ -102,6 +126,11 @@ class Predictor:
     under XLA (`jit_compile`) one program serves every batch of a size (`traces` counts them).
     sequence_outputs: the outputs are per token ([B, S, ...], e.g. span logits, tags); cut batches
     are padded back to the full S with -10000 (never picked by an argmax).
+    length_buckets: > 0 (XLA's static shapes): examples sorted by length as with dynamic_padding, every
+    batch full (the last one filled up) and cut to one of at most this many lengths chosen from the
+    examples' own (bert_tf.runners.shapes.choose_lengths; `lengths` holds the last call's).
+    compile_seconds: the wall time of the calls that traced a new program (under XLA: compiling it and
+    running that one batch).
     strategy: run each batch on the strategy's replicas (a slice each, outputs joined in order), where
     the model's variables live: the TPU cores, the GPUs. Batches are then always full (the last one
     filled up) and a multiple of the replicas. A multi-worker strategy is not used: every worker
@@ -109,9 +138,13 @@ class Predictor:
     """
 
     def __init__(self, model, *, sequence_outputs: bool = False, dynamic_padding: bool = True,
-                 jit_compile: bool = False, strategy: Optional[tf.distribute.Strategy] = None):
+                 jit_compile: bool = False, strategy: Optional[tf.distribute.Strategy] = None,
+                 length_buckets: int = 0):
         self.sequence_outputs = sequence_outputs
         self.dynamic_padding = dynamic_padding
+        self.length_buckets = length_buckets
+        self.lengths: Optional[Tuple[int, ...]] = None
+        self.compile_seconds = 0.0
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             strategy = None
         self.strategy = strategy
@@ -149,7 +182,10 @@ class Predictor:
         if not n:
             raise FinetuneError("nothing to predict: no examples")
         full = inputs["input_ids"].shape[-1]
-        if self.dynamic_padding:
+        cut = self.dynamic_padding or self.length_buckets > 0
+        if self.length_buckets:
+            self.lengths = choose_lengths(example_lengths(inputs["input_mask"]), full, self.length_buckets)
+        if cut:
             order = np.argsort(-inputs["input_mask"].reshape(n, -1).sum(axis=-1), kind="stable")
         else:
             order = np.arange(n)
@@ -163,7 +199,7 @@ class Predictor:
         replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
         if batch_size % replicas:
             raise FinetuneError(f"batch size {batch_size} must be a multiple of the {replicas} replicas")
-        fill = not self.dynamic_padding or self.strategy is not None
+        fill = not self.dynamic_padding or self.length_buckets > 0 or self.strategy is not None
         chunks = []
         for start in range(0, n, batch_size):
             idx = order[start:start + batch_size]
@@ -172,9 +208,12 @@ class Predictor:
                 batch = {k: np.concatenate([v, np.zeros((batch_size - len(idx),) + v.shape[1:], v.dtype)])
                          for k, v in batch.items()}
             batch = {k: tf.constant(v) for k, v in batch.items()}
-            if self.dynamic_padding:
-                batch = trim_padding(batch)
+            if cut:
+                batch = trim_padding(batch, lengths=self.lengths if self.length_buckets else None)
+            traces, began = self.traces, time.perf_counter()
             outputs = tf.nest.map_structure(to_full, self._run(batch, replicas))
+            if self.traces > traces:
+                self.compile_seconds += time.perf_counter() - began
             chunks.append(tf.nest.map_structure(lambda a, m=len(idx): a[:m], outputs))
         joined = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
         inverse = np.empty_like(order)

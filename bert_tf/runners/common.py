@@ -31,7 +31,8 @@ from bert_tf.data.packing import pack_examples
 from bert_tf.model_dir import EVAL_DIR, write_eval_results
 from bert_tf.models.encoder import PACKED_INPUT_NAMES
 from bert_tf.pretrained import FinetuneError
-from bert_tf.runners import arrays
+from bert_tf.runners import arrays, shapes
+from bert_tf.runners.device_memory import one_line_when_out_of_memory
 from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tokenization import load_vocab
@@ -95,6 +96,14 @@ def check_packing(task: FinetuneTask, settings: RunSettings) -> None:
         raise FinetuneError(f"max_sequences_per_row must be >= 1, got {settings.max_sequences_per_row}")
 
 
+def check_length_buckets(settings: RunSettings) -> int:
+    """The number of static lengths batches are cut to (0: none): length_buckets without packing or
+    dynamic padding, which shape batches their own way."""
+    if settings.length_buckets < 0:
+        raise FinetuneError(f"length_buckets must be >= 0, got {settings.length_buckets}")
+    return 0 if settings.pack_sequences or settings.dynamic_padding else settings.length_buckets
+
+
 def pack_split(task: FinetuneTask, split: str, data: Featurized, settings: RunSettings) -> Featurized:
     """Packs a featurized split's arrays (data.packed) and logs how much of the rows is real."""
     data.packed = pack_examples(data.arrays, settings.max_sequences_per_row, task.pack_pad_values)
@@ -140,9 +149,17 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     check_packing(task, settings)
     pack, jit = settings.pack_sequences, settings.train.jit_compile
     dynamic_padding = settings.dynamic_padding and not pack
+    buckets = check_length_buckets(settings)
+    lengths: Dict[str, Tuple[int, ...]] = {}  # split -> the lengths its batches are cut to (buckets)
 
     def featurize(split):
         data = task.featurize(split, tokenizer)
+        if buckets:
+            own = shapes.example_lengths(data.arrays["input_mask"])
+            lengths[split] = shapes.choose_lengths(own, cfg.max_seq_length, buckets)
+            batch = cfg.train_batch_size if split == "train" else (
+                cfg.eval_batch_size if split in task.eval_splits else cfg.predict_batch_size)
+            logger.info(shapes.describe(split, own, lengths[split], batch, cfg.max_seq_length))
         return pack_split(task, split, data, settings) if pack else data
 
     # 2. every input is read and featurized before anything is written to output_dir
@@ -169,17 +186,27 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     scoring = set(task.eval_splits) & (set(evals) | set(predicts))  # the splits with metrics
     boards = {split: eval_writer(out, split, len(scoring), trainer.is_chief) for split in scoring}
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
+    replicas = settings.strategy.num_replicas_in_sync
+
+    def out_of_memory(phase: str, global_batch: int):  # one line when a batch does not fit (device_memory.py)
+        per_replica = global_batch // (replicas * (settings.train.gradient_accumulation_steps if phase == "training"
+                                                   else 1))
+        return one_line_when_out_of_memory(phase, batch_per_replica=per_replica, seq_length=cfg.max_seq_length,
+                                           precision=settings.train.mixed_precision,
+                                           device=device_name(settings.strategy), unit="rows" if pack else "examples")
     predictor = arrays.Predictor(trainer.model, sequence_outputs=task.sequence_outputs,
-                                     dynamic_padding=dynamic_padding, jit_compile=jit, strategy=settings.strategy)
+                                 dynamic_padding=dynamic_padding, jit_compile=jit, strategy=settings.strategy,
+                                 length_buckets=buckets)
 
     def score(split: str, data, batch_size: int):
         step = int(trainer.global_step.numpy())
         if split not in scored or scored[split][0] != step:
-            if pack:
-                outputs = data.packed.unpack(predictor(data.packed.arrays, batch_size, PACKED_INPUTS),
-                                             sequence_outputs=task.sequence_outputs)
-            else:
-                outputs = predictor(data.arrays, batch_size)
+            with out_of_memory("prediction", batch_size):
+                if pack:
+                    outputs = data.packed.unpack(predictor(data.packed.arrays, batch_size, PACKED_INPUTS),
+                                                 sequence_outputs=task.sequence_outputs)
+                else:
+                    outputs = predictor(data.arrays, batch_size)
             metrics, decoded = task.score(split, data, outputs)
             if metrics is not None:
                 metrics["global_step"] = step
@@ -209,18 +236,24 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
         if pack:
             extra["packing"] = (f"{train.count} examples in {train_units} rows, {train.packed.efficiency():.1%} of "
                                 f"tokens real; batches and epochs count rows")
+        elif jit:  # what XLA computes: every position of every batch
+            extra["batch shapes"] = batch_shapes_summary(train, lengths.get("train"), cfg)
         trainer.run_summary(train_units, int(num_train_steps * cfg.warmup_proportion), extra=extra,
                             unit="rows" if pack else "examples")
         trainer.write_hparams(dict(task=task.task_type, max_seq_length=cfg.max_seq_length,
                                    num_train_epochs=cfg.num_train_epochs, warmup_proportion=cfg.warmup_proportion,
-                                   pack_sequences=pack, dynamic_padding=dynamic_padding,
+                                   pack_sequences=pack, dynamic_padding=dynamic_padding, length_buckets=buckets,
                                    aux_lm_weight=settings.aux_lm_weight, eval_every_steps=eval_every))
         dataset_fn, input_id = arrays.training_input(train.packed.arrays if pack else train.arrays,
-                                                     seed=settings.train.seed, dynamic_padding=dynamic_padding)
-        results = train_with_periodic_eval(trainer, dataset_fn, num_train_steps, eval_every, evaluate,
-                                           metric=(task.eval_splits[0] if eval_every else "", task.primary_metric),
-                                           output_dir=out, ordered=task.ordered_results, input_id=input_id,
-                                           before_first_save=write_side_files if trainer.is_chief else None)
+                                                     seed=settings.train.seed, dynamic_padding=dynamic_padding,
+                                                     lengths=lengths.get("train"),
+                                                     micro_batches=settings.train.num_micro_batches)
+        with out_of_memory("training", cfg.train_batch_size):
+            results = train_with_periodic_eval(
+                trainer, dataset_fn, num_train_steps, eval_every, evaluate,
+                metric=(task.eval_splits[0] if eval_every else "", task.primary_metric), output_dir=out,
+                ordered=task.ordered_results, input_id=input_id,
+                before_first_save=write_side_files if trainer.is_chief else None)
     else:
         if trainer.restore() is None and not pretrained.init_checkpoint:
             logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
@@ -243,7 +276,27 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     if jit:  # the compile-count bound of docs/design.md: one program per shape
         logger.info("XLA programs traced: training step %d, prediction %d",
                     trainer.train_step_traces, predictor.traces)
+        logger.info("XLA compiling: %s; prediction %.1f s (the calls that compiled its %d programs)",
+                    shapes.training_compile_text(trainer.loop_history, len(lengths.get("train", ())) or 1),
+                    predictor.compile_seconds, predictor.traces)
     return results
+
+
+def device_name(strategy: tf.distribute.Strategy) -> str:
+    """The device a replica runs on, as TensorFlow names it ("GPU:0", "CPU:0"), and how many replicas."""
+    devices = strategy.extended.worker_devices
+    name = devices[0].rsplit("device:", 1)[-1]
+    return name if len(devices) == 1 else f"{name} and {len(devices) - 1} more replica device(s)"
+
+
+def batch_shapes_summary(train: Featurized, chosen: Optional[Tuple[int, ...]], cfg: FinetuneConfig) -> str:
+    """The run summary's line on the training batches' shapes under XLA and their real-token share."""
+    own = shapes.example_lengths(train.arrays["input_mask"])
+    padded = own.sum() / max(len(own) * cfg.max_seq_length, 1)
+    if not chosen:
+        return f"[{cfg.train_batch_size}, {cfg.max_seq_length}] for every batch: {padded:.1%} of positions real"
+    return (f"[{cfg.train_batch_size}, n] for n in {', '.join(map(str, chosen))} (one compiled program each): "
+            f"{shapes.real_share(own, chosen):.1%} of positions real (padded to {cfg.max_seq_length}: {padded:.1%})")
 
 
 def eval_interval(cfg: FinetuneConfig, task: FinetuneTask, train_units: int) -> int:

@@ -25,6 +25,9 @@ class RunSettings:
     strategy: tf.distribute.Strategy
     train: TrainSettings = TrainSettings()
     dynamic_padding: bool = True  # batch by length; off on TPU and under XLA (fixed shapes)
+    # > 0 without dynamic padding or packing: batches cut to one of this many lengths chosen from the
+    # data (bert_tf.runners.shapes), one compiled program each under XLA; 0: every batch at max_seq_length.
+    length_buckets: int = 0
     # Several examples per row of max_seq_length (bert_tf.data.packing.pack_examples): fixed shapes
     # with little padding, for XLA on TPU/GPU. Batch sizes then count rows.
     pack_sequences: bool = False

@@ -1,0 +1,56 @@
+"""Out of device memory in one line: what did not fit, and the flags that make it fit.
+
+A batch too large for the GPU's (or TPU core's, or the host's) memory surfaces from TensorFlow as
+`ResourceExhaustedError` with a page of allocator state; under XLA it can also come from compiling
+the step (an `InternalError` whose text says RESOURCE_EXHAUSTED, e.g. when autotuning cannot get a
+workspace). A fine-tuning run turns either into `OutOfDeviceMemory`, a FinetuneError the scripts
+print as their one `error:` line (bert_flags.run_and_report). It is raised before the run's first
+checkpoint, so output_dir keeps what it held (the side files are written just before that save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from bert_tf.pretrained import FinetuneError
+
+# How TensorFlow and XLA spell an allocation that failed, where the error's type does not say it.
+OUT_OF_MEMORY_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "OOM when allocating")
+
+
+class OutOfDeviceMemory(FinetuneError):
+    """A batch did not fit in the device's memory; the message is one line naming the flags to change."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, tf.errors.ResourceExhaustedError):
+        return True
+    return isinstance(error, tf.errors.OpError) and any(t in str(error) for t in OUT_OF_MEMORY_TEXT)
+
+
+@contextlib.contextmanager
+def one_line_when_out_of_memory(phase: str, *, batch_per_replica: int, seq_length: int, precision: str,
+                                device: str, unit: str = "examples"):
+    """Runs the block; an out-of-memory error in it becomes OutOfDeviceMemory (one line).
+
+    phase: "training" (names --train_batch_size, --gradient_accumulation_steps, --mixed_precision) or
+    "prediction" (--eval_batch_size, --predict_batch_size, --mixed_precision)."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if not is_out_of_memory(e):
+            raise
+        if phase == "training":
+            flags = ("--train_batch_size, --gradient_accumulation_steps (the same batch in micro-batches) "
+                     "or --mixed_precision")
+        else:
+            flags = "--eval_batch_size / --predict_batch_size or --mixed_precision"
+        lower = "" if precision != "float32" else " (bfloat16; float16 on GPUs without bfloat16)"
+        raise OutOfDeviceMemory(
+            f"out of device memory in {phase} on {device}: a batch of {batch_per_replica} {unit} per replica x "
+            f"{seq_length} tokens in {precision} does not fit; lower it with {flags}{lower}") from None
+
+
+__all__ = ["OutOfDeviceMemory", "is_out_of_memory", "one_line_when_out_of_memory"]
