@@ -148,9 +148,11 @@ def test_prediction_on_chosen_lengths_equals_padded_with_one_program_per_shape()
     assert bucketed.traces == 2 and bucketed.compile_seconds > 0
 
 
-def test_compile_time_is_the_first_loops_excess_over_the_later_pace():
-    history = [dict(steps=10, seconds=30.0), dict(steps=10, seconds=5.0), dict(steps=5, seconds=3.0)]
+def test_compile_time_is_the_first_step_plus_the_first_loops_excess_over_the_later_pace():
+    history = [dict(steps=11, seconds=30.0, compile_seconds=4.0), dict(steps=10, seconds=5.0, compile_seconds=0.0),
+               dict(steps=5, seconds=3.0, compile_seconds=0.0)]
     text = shapes.training_compile_text(history, 3)
-    assert text.startswith("training step at 3 shape(s): ~24.5 s (the first loop took 30.0 s, 10 steps at the "
-                           "later loops' 0.550 s per step)"), text
-    assert "one loop" in shapes.training_compile_text(history[:1], 1)
+    assert text.startswith("training step at 3 shape(s): ~28.5 s (the first step 4.0 s, then 30.0 s for 10 steps "
+                           "at the later loops' 0.550 s per step)"), text
+    assert shapes.training_compile_text(history[:1], 1).startswith(
+        "training step at 1 shape(s): first step 4.0 s (one loop")

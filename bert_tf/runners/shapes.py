@@ -97,16 +97,20 @@ def describe(split: str, lengths: Sequence[int], chosen: Sequence[int], batch_si
 
 
 def training_compile_text(loop_history: Sequence[dict], programs: int) -> str:
-    """How long compiling the training step took, from the Trainer's per-loop records ({steps, seconds}):
-    the first loop's time beyond the later loops' median seconds per step (the new shapes of a run all
-    come within its first steps). An estimate: a host call cannot time its steps apart."""
-    if len(loop_history) < 2:
-        return f"training step at {programs} shape(s) (one loop: no later pace to set the compile time apart)"
+    """How long compiling the training step took, from the Trainer's per-loop records ({steps, seconds,
+    compile_seconds}): the first step, which the Trainer times apart (it compiles the first shape), plus
+    the first loop's timed steps beyond the later loops' median seconds per step (the run's other shapes
+    first come within them). The second part is an estimate: a host call cannot time its steps apart."""
     first = loop_history[0]
+    first_step = float(first.get("compile_seconds", 0.0))
+    timed = first["steps"] - (1 if first_step else 0)  # the steps `seconds` covers
+    if len(loop_history) < 2 or not timed:
+        return (f"training step at {programs} shape(s): first step {first_step:.1f} s (one loop: no later pace "
+                "to set the other shapes' compile time apart)")
     pace = float(np.median([r["seconds"] / max(r["steps"], 1) for r in loop_history[1:]]))
-    excess = max(0.0, first["seconds"] - first["steps"] * pace)
-    return (f"training step at {programs} shape(s): ~{excess:.1f} s (the first loop took {first['seconds']:.1f} s, "
-            f"{first['steps']} steps at the later loops' {pace:.3f} s per step)")
+    excess = max(0.0, first["seconds"] - timed * pace)
+    return (f"training step at {programs} shape(s): ~{first_step + excess:.1f} s (the first step {first_step:.1f} s, "
+            f"then {first['seconds']:.1f} s for {timed} steps at the later loops' {pace:.3f} s per step)")
 
 
 __all__ = ["DEFAULT_LENGTH_BUCKETS", "LENGTH_MULTIPLE", "choose_lengths", "describe", "example_lengths",
