@@ -40,6 +40,11 @@ Every figure is printed with the device's name (the GPU's, or the CPU's model an
 the whole report, with each round's raw results, is written to --out_dir (default: $OUT when set)
 as results.json and report.txt.
 
+--profile (with --out_dir) runs each ours-* and hf-* variant for one more host call of up to
+PROFILE_STEPS steps after the timed ones, under TensorFlow's profiler (the Trainer's --profile_steps)
+or torch.profiler, keeps the traces under <out_dir>/profile/<variant>/, and adds their breakdown by
+kernel class side by side (benchmarks/trace_summary.py) to the report.
+
 With --pack_sequences (needs --input_file) ours trains on the same records packed several to a row
 (run_pretraining --pack_sequences; the first batches of packed rows of those records), the peers on
 them padded one to a row, as a user of theirs would; compare the real (non-padding) tokens/s column.
@@ -84,6 +89,7 @@ KNOWN_VARIANTS = list(dict.fromkeys(VARIANTS + GPU_VARIANTS))
 PEERS = ("tfm", "hf")  # variant prefixes of the peer implementations
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # variant name -> TrainSettings'
 # The matmul peak's shape: `reps` independent products of [n, n] x [n, n], `calls` times per trial.
+PROFILE_STEPS = 5  # steps of the profiled call (--profile): a few, so a GPU trace stays small
 PEAK_SHAPE = {"cpu": dict(n=1024, reps=8, calls=1), "gpu": dict(n=8192, reps=4, calls=10)}
 TORCH_THREADS = 2
 # Our "gelu" is the tanh approximation; transformers' "gelu_pytorch_tanh" is that function as one fused
@@ -281,7 +287,14 @@ class _CpuStampedList(list):
         super().append(item)
 
 
+def profile_steps(args) -> int:
+    """Steps of the profiled host call after the timed ones (0: no profile)."""
+    return min(args.steps, PROFILE_STEPS) if getattr(args, "profile_dir", None) else 0
+
+
 def run_ours(args, precision, xla):
+    import shutil
+
     from bert_tf.configs import BertConfig
     from bert_tf.models.pretrainer import BertPretrainer
     from bert_tf.training import loop
@@ -296,21 +309,27 @@ def run_ours(args, precision, xla):
     config = BertConfig.named(args.size, vocab_size=VOCAB)
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
+        timed_end = args.steps * (args.loops + 1)
+        extra = profile_steps(args)  # profiled after the timed loops, in a host call of its own
         settings = loop.TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
-                                      mixed_precision=precision, jit_compile=xla)
+                                      mixed_precision=precision, jit_compile=xla,
+                                      profile_steps=(timed_end + 1, timed_end + extra) if extra else None)
         trainer = loop.Trainer(
             get_strategy("one_device"), settings, lambda: BertPretrainer(config, skip_padding=not xla), pretraining_loss_fn,
             lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0), model_dir=model_dir,
-            train_steps=args.steps * (args.loops + 1), global_batch_size=args.batch, checkpoint_input_pipeline=False)
+            train_steps=timed_end + extra, global_batch_size=args.batch, checkpoint_input_pipeline=False)
         trainer.loop_history = _CpuStampedList()  # CPU time between loop records = the timed loops' CPU time
         # The final step saves a checkpoint after the last timed loop; it is not timed.
         trainer.train(lambda ctx, b: _dataset(batches))
+        if extra:  # the trace, not the checkpoint (BERT-base's is GBs)
+            shutil.copytree(os.path.join(model_dir, loop.TRAIN_DIR, "plugins"),
+                            os.path.join(args.profile_dir, "plugins"), dirs_exist_ok=True)
     # A loop record's seconds end when the loop's step losses are on the host: synchronised with the device.
-    timed = trainer.loop_history[1:]
+    timed = trainer.loop_history[1:args.loops + 1]
     seconds = sum(r["seconds"] for r in timed)
     steps = sum(r["steps"] for r in timed)
-    losses = trainer.step_losses[args.steps:]
-    cpu = trainer.loop_history.cpu_times[-1] - trainer.loop_history.cpu_times[0]
+    losses = trainer.step_losses[args.steps:timed_end]
+    cpu = trainer.loop_history.cpu_times[args.loops] - trainer.loop_history.cpu_times[0]
     return dict(seq_per_s=steps * args.batch / seconds, cpu_s_per_seq=cpu / (steps * args.batch),
                 loss=sum(losses) / len(losses),
                 first_loss=trainer.step_losses[0], params=loop.count_parameters(trainer.model),
@@ -469,10 +488,31 @@ def run_hf(args, bf16, compile_):
         calls.append(time.time() - start)
     seconds = sum(calls)
     sequences = args.loops * args.steps * args.batch
-    return dict(seq_per_s=sequences / seconds, cpu_s_per_seq=(time.process_time() - cpu_start) / sequences,
+    cpu_seconds = time.process_time() - cpu_start
+    if profile_steps(args):
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            train_loop(profile_steps(args), (args.loops + 1) * args.steps)
+        save_chrome_trace(profiler, args.profile_dir)
+    return dict(seq_per_s=sequences / seconds, cpu_s_per_seq=cpu_seconds / sequences,
                 loss=sum(losses) / len(losses), first_loss=first[0], params=sum(p.numel() for p in params),
                 flops_per_seq=flops_per_sequence(layers, hidden, args.seq, args.preds), device=device_name,
                 **_rates(args, host_batches, seconds, first_call, calls))
+
+
+def save_chrome_trace(profiler, folder) -> str:
+    """torch.profiler's Chrome trace, gzipped, as <folder>/trace.json.gz (a GPU step's is tens of MB raw)."""
+    import gzip
+    import shutil
+
+    os.makedirs(folder, exist_ok=True)
+    raw, path = os.path.join(folder, "trace.json"), os.path.join(folder, "trace.json.gz")
+    profiler.export_chrome_trace(raw)
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(raw)
+    return path
 
 
 def matmul_peak(dtype_name, device="cpu", trials=3):
@@ -577,15 +617,21 @@ def main():
                              "on them padded")
     parser.add_argument("--out_dir", default=os.environ.get("OUT") or None,
                         help="write results.json and report.txt here (default: $OUT when set)")
+    parser.add_argument("--profile", action="store_true",
+                        help="with --out_dir: profile a few steps of each ours-*/hf-* variant after its timed ones "
+                             "and add their breakdown by kernel class to the report")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches_file", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--packed_file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile_dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     if args.pack_sequences and not args.input_file:
         parser.error("--pack_sequences needs --input_file (records to pack)")
+    if args.profile and not args.out_dir:
+        parser.error("--profile needs --out_dir (or $OUT) for the traces")
     name = gpu_name() if args.device != "cpu" else None
     if args.device == "gpu" and name is None:
         parser.error("--device=gpu: nvidia-smi lists no GPU")
@@ -613,6 +659,8 @@ def main():
             files["batches_file"] = args.packed_file  # ours trains on the packed rows
         if not name.startswith("read"):
             files.pop("packed_file")
+        if args.profile and name.split("-")[0] in ("ours", "hf"):
+            files["profile_dir"] = profile_dir(args, name)
         command = [sys.executable, os.path.abspath(__file__), f"--worker={name}"] + [
             f"--{k}={v}" for k, v in [(k, getattr(args, k)) for k in keys] + list(files.items()) if v is not None]
         proc = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -638,6 +686,8 @@ def main():
         lines, record = report(args, names, run)
         lines.append(f"data: {data}")
         print(lines[-1])
+        if args.profile:
+            lines += profile_report(args, names, record, env)
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         record.update(data=data, failures=failures)
@@ -645,6 +695,37 @@ def main():
             json.dump(record, f, indent=1, sort_keys=True)
         with open(os.path.join(args.out_dir, "report.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def profile_dir(args, name) -> str:
+    return os.path.join(args.out_dir, "profile", name)
+
+
+def profile_report(args, names, record, env):
+    """The profiled variants' traces by kernel class, side by side (benchmarks/trace_summary.py, run in a
+    process of its own); the summaries go into `record` too. Returns the printed lines."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = [profile_dir(args, n) for n in names if os.path.isdir(profile_dir(args, n))]
+    if not folders:
+        return []
+    steps = min(args.steps, PROFILE_STEPS)
+    proc = subprocess.run([sys.executable, os.path.join(here, "trace_summary.py"), *folders, f"--steps={steps}",
+                           "--json"], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        line = f"profile summary failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+        print(line)
+        return [line]
+    summaries = json.loads(proc.stdout)
+    record["profiles"] = dict(zip([os.path.basename(f) for f in folders], summaries, strict=True))
+    spec = importlib.util.spec_from_file_location("trace_summary", os.path.join(here, "trace_summary.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (f"\nwhere the time goes, {args.device_name}, per step of {steps} profiled "
+            f"({', '.join(os.path.basename(f) for f in folders)}):\n" + module.format_summaries(summaries))
+    print(text)
+    return text.splitlines()
 
 
 def peak_names(args, names):

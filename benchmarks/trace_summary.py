@@ -197,7 +197,7 @@ def busy_time(events) -> float:
 
 
 def summarise(path: str, steps: int = 1, top: int = 5) -> dict:
-    """{source, where, span_us, classes: {class: {us, share, kernels, top: [[name, us]]}}, idle_us, idle_share},
+    """{label (the name of `path`), source (the trace file), where, span_us, classes: {class: {us, share, kernels, top: [[name, us]]}}, idle_us, idle_share},
     times per step when `steps` > 1."""
     trace = find_trace(path)
     device, host = read_xplane(trace) if trace.endswith(".pb") else read_chrome(trace)
@@ -217,13 +217,13 @@ def summarise(path: str, steps: int = 1, top: int = 5) -> dict:
         names = sorted(entry.pop("names").items(), key=lambda kv: -kv[1])[:top]
         out[c] = dict(us=entry["us"] / steps, share=entry["us"] / span if span else 0.0, kernels=entry["kernels"],
                       top=[[n, t / steps] for n, t in names])
-    return dict(source=trace, where=where, steps=steps, span_us=span / steps, classes=out,
+    return dict(label=os.path.basename(os.path.normpath(path)), source=trace, where=where, steps=steps, span_us=span / steps, classes=out,
                 idle_us=(span - busy) / steps, idle_share=(span - busy) / span if span else 0.0)
 
 
 def format_summaries(summaries) -> str:
     """The summaries side by side: one row per class, milliseconds and share of the span per trace."""
-    head = f"{'class':12s}" + "".join(f" {os.path.basename(s['source'])[:22]:>22s}" for s in summaries)
+    head = f"{'class':12s}" + "".join(f" {s['label'][-22:]:>22s}" for s in summaries)
     lines = [head, f"{'':12s}" + "".join(f" {'ms (' + s['where'] + ')':>14s} {'share':>7s}" for s in summaries)]
     for c in (*CLASSES, "idle"):
         cells = []

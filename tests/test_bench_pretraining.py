@@ -92,17 +92,22 @@ def test_gpu_run_without_a_gpu_is_one_line_error(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("impl", ["ours", "hf"])
-def test_worker_reports_device_compile_and_real_token_rate(impl):
-    """The variants' own code path (the one a GPU run takes, on the CPU): a tiny model, 2 timed steps."""
+def test_worker_reports_device_compile_and_real_token_rate(impl, tmp_path):
+    """The variants' own code path (the one a GPU run takes, on the CPU): a tiny model, 2 timed steps,
+    then one profiled step (--profile) whose trace lands in the variant's profile folder."""
     bench = benchmark_module("bench_pretraining")
-    args = argparse.Namespace(size="tiny", batch=2, seq=16, preds=2, steps=1, loops=2, batches_file=None, device="cpu")
+    args = argparse.Namespace(size="tiny", batch=2, seq=16, preds=2, steps=1, loops=2, batches_file=None, device="cpu",
+                              profile_dir=str(tmp_path / impl))
     if impl == "hf":
-        pytest.importorskip("transformers")
         r = bench.run_hf(args, bf16=True, compile_=False)
+        trace = tmp_path / "hf" / "trace.json.gz"
     else:
         r = bench.run_ours(args, "bfloat16", xla=False)
+        (trace,) = (tmp_path / "ours").glob("plugins/profile/*/*.xplane.pb")
     tokens = bench.timed_real_tokens(bench.synthetic_batches(2, 16, 2, num=1), 1, 2)
     # Both rates come from the same timed seconds: their ratio is the timed batches' real tokens per sequence.
     assert r["real_tokens_per_s"] / r["seq_per_s"] == pytest.approx(tokens / (2 * 2 * 1))
     assert r["device"] == bench.cpu_name() and r["params"] > 0
     assert r["first_call_s"] >= r["compile_s"] >= 0 and np.isfinite(r["loss"])
+    summary = benchmark_module("trace_summary").summarise(str(tmp_path / impl))
+    assert summary["source"] == str(trace) and summary["classes"]["matmul"]["kernels"] > 0
