@@ -617,6 +617,9 @@ def main():
                              "on them padded")
     parser.add_argument("--out_dir", default=os.environ.get("OUT") or None,
                         help="write results.json and report.txt here (default: $OUT when set)")
+    parser.add_argument("--xla_cache_dir", default=None,
+                        help="TensorFlow's persistent XLA compilation cache for every variant (run_pretraining "
+                             "--xla_cache_dir): with --rounds=2 the second round's compile s is what a repeated run pays")
     parser.add_argument("--profile", action="store_true",
                         help="with --out_dir: profile a few steps of each ours-*/hf-* variant after its timed ones "
                              "and add their breakdown by kernel class to the report")
@@ -649,7 +652,10 @@ def main():
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
     if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU machine: neither framework sees the GPU
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if args.xla_cache_dir:
+        env["TF_XLA_FLAGS"] = (f"{env.get('TF_XLA_FLAGS', '')} "  # as bert_tf.training.xla_cache.enable
+                               f"--tf_xla_persistent_cache_directory={os.path.abspath(args.xla_cache_dir)}").strip()  # a CPU run on a GPU machine: neither framework sees the GPU
     keys = ("size", "batch", "seq", "preds", "steps", "loops", "inter_op_threads", "input_file", "device")
     failures = {}
 
@@ -765,7 +771,8 @@ def report(args, names, run):
             if result:
                 by_round[r][name] = result
                 print(f"round {r + 1} {name:18s} {result['seq_per_s']:7.2f} seq/s "
-                      f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq  load {os.getloadavg()[0]:.1f}",
+                      f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq compile {result['compile_s']:6.1f} s "
+                      f"load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     rounds = {name: [rr[name] for rr in by_round if name in rr] for name in names}  # a variant's results

@@ -48,7 +48,10 @@ def benchmark_module(name):
 
 
 def run_script_main(name, *args):
-    """A top-level absl script's main with these flags, in this process: its exit code."""
+    """A top-level absl script's main with these flags, in this process: its exit code. The process-wide
+    XLA cache setting a script makes (bert_flags.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
+    later tests' subprocesses do not inherit a cache in this test's folder."""
+    xla_flags = os.environ.get("TF_XLA_FLAGS")
     with imported_script(name) as script:
         script.FLAGS.unparse_flags()
         script.FLAGS([f"{name}.py", *args])
@@ -56,6 +59,11 @@ def run_script_main(name, *args):
             script.main([])
         except SystemExit as e:
             return e.code
+        finally:
+            if xla_flags is None:
+                os.environ.pop("TF_XLA_FLAGS", None)
+            else:
+                os.environ["TF_XLA_FLAGS"] = xla_flags
         return 0
 
 
@@ -113,7 +121,7 @@ SLOW_MODULES = {
     "test_convert_checkpoint.py", "test_bench_pretraining.py", "test_continued_pretraining.py",
     "test_hub.py", "test_beam.py", "test_readme_run.py",
 }
-SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
+SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_second_process_loads_the_compiled_program",
               # test_console's subprocess runs (its start-up test and unit tests are fast)
               "test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back",
               "test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it",

@@ -52,6 +52,7 @@ from bert_tf import env
 from bert_tf import model_dir as model_dir_lib
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
+from bert_tf.training import xla_cache
 
 logger = logging.getLogger("bert_tf.training")
 
@@ -595,7 +596,8 @@ class Trainer:
             f"{c.iterations_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
             f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
-            f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}",
+            f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}"
+            + (f", XLA cache: {xla_cache.current()}" if xla_cache.current() else ""),
         ]
         for key, value in (extra or {}).items():
             lines.append(f"{key}: {value}")
