@@ -36,6 +36,9 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_pretraining import cpu_name, gpu_name  # noqa: E402 (the device names every figure carries)
+
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 METRICS = ("masked_lm_accuracy", "next_sentence_accuracy", "masked_lm_loss", "next_sentence_loss")
 
@@ -146,26 +149,6 @@ def run_one(args, variant: str, seed: int, data: dict, config_file: str, env) ->
     if proc.returncode or not os.path.exists(os.path.join(out, "eval_results.txt")):
         return dict(error=(proc.stderr.strip().splitlines() or ["failed"])[-1][:300])
     return dict(read_results(os.path.join(out, "eval_results.txt")), seconds=time.time() - start)
-
-
-def gpu_name():
-    try:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    names = [line.strip() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
-    return names[0] if names else None
-
-
-def cpu_name() -> str:
-    model = "CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core {model}"
 
 
 def report(args, variants, results, devices) -> list:
