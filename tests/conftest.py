@@ -121,7 +121,7 @@ SLOW_MODULES = {
     "test_convert_checkpoint.py", "test_bench_pretraining.py", "test_continued_pretraining.py",
     "test_hub.py", "test_beam.py", "test_readme_run.py",
 }
-SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_second_process_loads_the_compiled_program",
+SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
               # test_console's subprocess runs (its start-up test and unit tests are fast)
               "test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back",
               "test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it",
@@ -132,7 +132,8 @@ SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device", "test_second_process_
               "test_exported_windows_classifier_windows_raw_text_in_the_graph",
               "test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window",
               "test_exported_tagger_answers_texts_that_fit_as_without_windows",
-              "test_int8_exports_with_windows_stay_within_the_int8_bound"}
+              "test_int8_exports_with_windows_stay_within_the_int8_bound",
+              "test_second_process_loads_the_compiled_program"}
 
 
 def pytest_collection_modifyitems(config, items):
