@@ -28,6 +28,10 @@ def define_tpu_and_strategy_flags():
     flags.DEFINE_enum("mixed_precision", "float32", ["float32", "bfloat16", "float16"],
                       "Compute precision: bfloat16 on TPU and CPU, float16 (with loss scaling) on GPU.")
     flags.DEFINE_bool("jit_compile", None, "XLA-compile the step. Default: on for TPU and GPU, off on CPU.")
+    flags.DEFINE_string("xla_cache_dir", None, "Keep XLA's compiled programs here, so a resumed or repeated run loads "
+                        "its compiled step instead of compiling it again. Default: <output_dir>/xla_cache when the "
+                        "step is XLA-compiled (--jit_compile); 'none': no cache. A path caches every XLA program of "
+                        "the run (also the CPU's fused kernels and optimizer update without --jit_compile).")
 
 
 def define_optimizer_flags(learning_rate: float):
@@ -68,6 +72,8 @@ def train_settings(strategy=None):
     strategy is built) it is off."""
     from bert_tf.training.loop import TrainSettings
 
+    if strategy is not None:
+        use_xla_cache(use_jit(strategy))
     return TrainSettings(
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
@@ -75,6 +81,16 @@ def train_settings(strategy=None):
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps())
+
+
+def use_xla_cache(jit_compile: bool):
+    """Points TensorFlow's persistent XLA compilation cache at --xla_cache_dir (bert_tf/training/xla_cache.py):
+    a process-wide setting, made once the strategy exists and before the model is built (it must come
+    before the process's first XLA compilation). Returns the directory in effect, None for none."""
+    from bert_tf.training import xla_cache
+
+    directory = xla_cache.cache_dir(FLAGS.xla_cache_dir, FLAGS.output_dir, jit_compile)
+    return xla_cache.enable(directory) if directory else xla_cache.current()
 
 
 def strategy_name() -> str:

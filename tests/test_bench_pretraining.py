@@ -1,4 +1,5 @@
-"""benchmarks/bench_pretraining.py --input_file: real records reach every variant unchanged and in file order."""
+"""benchmarks/bench_pretraining.py: real records (padded and packed) reach every variant unchanged and in file order;
+the GPU run's bookkeeping (device, compile seconds, real tokens/s, peaks) checked on the CPU."""
 
 import argparse
 
@@ -49,3 +50,64 @@ def test_real_batches_refuse_too_little_data(records, tmp_path):
     with pytest.raises(InputDataError, match=r"2 full batches of 4, the run needs 3"):
         benchmark_module("bench_pretraining").read_real_batches(records, BATCH, 3, str(tmp_path / "b.npz"))
     assert not (tmp_path / "b.npz").exists()
+
+
+def test_packed_real_batches_hold_every_record_once(records, tmp_path):
+    bench = benchmark_module("bench_pretraining")
+    padded, packed = str(tmp_path / "batches.npz"), str(tmp_path / "packed.npz")
+    info = bench.read_real_batches(records, BATCH, 2, padded, packed)
+    rows = dict(np.load(packed))
+    assert rows["sequence_ids"].shape == (2, BATCH, SEQ) and "input_mask" not in rows
+    # Evaluation-mode packing keeps every instance: all 10 records' tokens, none twice.
+    assert sum(bench.real_tokens({k: v[i] for k, v in rows.items()}) for i in range(2)) == sum(5 + i for i in range(10))
+    assert info["packed_padding"] == pytest.approx(1 - 95 / (2 * BATCH * SEQ))
+    assert info["padding"] == pytest.approx(1 - sum(5 + i for i in range(8)) / (2 * BATCH * SEQ))
+
+
+def test_timed_tokens_compile_seconds_and_peaks():
+    bench = benchmark_module("bench_pretraining")
+    batches = [dict(input_mask=np.ones((2, 8), np.int32) * (i + 1) * (np.arange(8) < 3 + i)) for i in range(2)]
+    # Synthetic: `steps` batches cycled; 2 timed calls of 2 steps see each batch twice.
+    assert bench.timed_real_tokens(batches, 2, 2) == 2 * (2 * 3 + 2 * 4)
+    six = [dict(sequence_ids=np.full((1, 4), i % 2)) for i in range(6)]  # real records: new batch per step
+    assert bench.timed_real_tokens(six, 2, 2) == 2 * 4  # batches 2..5, two of them real
+    assert bench.compile_seconds(10.0, [2.0, 4.0]) == 7.0
+    assert bench.compile_seconds(1.0, [2.0]) == 0.0
+    peaks = {"peak-bf16": dict(flops=5.0), "torchpeak-bf16": dict(flops=7.0), "peak-fp16": None}
+    assert bench.hardware_peak(peaks, "bf16") == 7.0 and bench.hardware_peak(peaks, "fp16") is None
+    gpu = argparse.Namespace(device="gpu")
+    assert bench.peak_names(gpu, bench.GPU_VARIANTS) == ["peak-bf16", "peak-fp16", "torchpeak-bf16"]
+    cpu = argparse.Namespace(device="cpu")
+    assert bench.peak_names(cpu, ["ours-bf16-xla"]) == ["peak-fp32", "peak-bf16"]
+
+
+def test_gpu_run_without_a_gpu_is_one_line_error(monkeypatch, capsys, tmp_path):
+    bench = benchmark_module("bench_pretraining")
+    monkeypatch.setattr(bench, "gpu_name", lambda: None)
+    monkeypatch.setattr("sys.argv", ["bench_pretraining.py", "--device=gpu", f"--out_dir={tmp_path}/out"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2 and "--device=gpu: nvidia-smi lists no GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("impl", ["ours", "hf"])
+def test_worker_reports_device_compile_and_real_token_rate(impl, tmp_path):
+    """The variants' own code path (the one a GPU run takes, on the CPU): a tiny model, 2 timed steps,
+    then one profiled step (--profile) whose trace lands in the variant's profile folder."""
+    bench = benchmark_module("bench_pretraining")
+    args = argparse.Namespace(size="tiny", batch=2, seq=16, preds=2, steps=1, loops=2, batches_file=None, device="cpu",
+                              profile_dir=str(tmp_path / impl))
+    if impl == "hf":
+        r = bench.run_hf(args, bf16=True, compile_=False)
+        trace = tmp_path / "hf" / "trace.json.gz"
+    else:
+        r = bench.run_ours(args, "bfloat16", xla=False)
+        (trace,) = (tmp_path / "ours").glob("plugins/profile/*/*.xplane.pb")
+    tokens = bench.timed_real_tokens(bench.synthetic_batches(2, 16, 2, num=1), 1, 2)
+    # Both rates come from the same timed seconds: their ratio is the timed batches' real tokens per sequence.
+    assert r["real_tokens_per_s"] / r["seq_per_s"] == pytest.approx(tokens / (2 * 2 * 1))
+    assert r["device"] == bench.cpu_name() and r["params"] > 0
+    assert r["first_call_s"] >= r["compile_s"] >= 0 and np.isfinite(r["loss"])
+    summary = benchmark_module("trace_summary").summarise(str(tmp_path / impl))
+    assert summary["source"] == str(trace) and summary["classes"]["matmul"]["kernels"] > 0

@@ -173,9 +173,9 @@ class _SlotOptimizer(tf.Module):
             groups = []  # nothing to group: the per-variable update
         self._groups = _Untracked(groups)
         self._group_updates = _Untracked([
-            tf.function(functools.partial(self._group_update, tuple(self._decay[i] for i in g)),
-                        jit_compile=True, autograph=False)
-            for g in groups
+            tf.function(_named(functools.partial(self._group_update, tuple(self._decay[i] for i in g)),
+                               f"optimizer_group_update_{k}"), jit_compile=True, autograph=False)
+            for k, g in enumerate(groups)
         ])
 
     @property
@@ -407,3 +407,10 @@ def clip_by_global_norm(grads, clip_norm: float = CLIP_NORM):
     """Returns (clipped grads, global norm before clipping); clip_norm <= 0 disables clipping."""
     scale, norm = global_norm_clip_scale(grads, clip_norm)
     return [g * tf.cast(scale, g.dtype) for g in grads], norm
+
+
+def _named(fn, name: str):
+    """`fn` (a functools.partial) named `name`: its tf.function's graph and XLA program carry the name
+    into profiles (a partial's would be 'function'), so a trace's kernels say they are the update's."""
+    fn.__name__ = name
+    return fn

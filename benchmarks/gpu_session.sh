@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/accelerators.md ("Measuring on a GPU"), one phase per call, results under
+# $OUT (or ./gpu_results). Run from the project root with TensorFlow, PyTorch and transformers importable:
+#   bash benchmarks/gpu_session.sh speed      # ours (bf16/fp16, XLA or not) vs HF eager / torch.compile, BERT-base
+#                                             # seq 128 batch 256, with profiles and their breakdown (~8 min on an H200)
+#   bash benchmarks/gpu_session.sh accuracy   # the short recipe: CPU fp32 vs GPU bf16 / fp16 under XLA, 2 seeds each
+#   bash benchmarks/gpu_session.sh packed FILES   # real seq-512 records: ours packed vs the peers padded
+#   bash benchmarks/gpu_session.sh smoke      # BERT-tiny, every GPU variant, 1 timed call: does it all run (~2 min)
+# Each phase writes report.txt / results.json (bench_pretraining.py) or accuracy_report.txt (accuracy) there.
+set -eu
+out=${OUT:-gpu_results}
+phase=${1:-smoke}
+mkdir -p "$out/$phase"
+case "$phase" in
+  smoke)
+    python benchmarks/bench_pretraining.py --device=gpu --size=tiny --batch=32 --steps=2 --loops=1 \
+      --out_dir="$out/$phase" --profile ;;
+  speed)
+    python benchmarks/bench_pretraining.py --device=gpu --size=base --batch=256 --steps=20 --loops=2 \
+      --out_dir="$out/$phase" --xla_cache_dir="$out/xla_cache" --profile ;;
+  accuracy)
+    python benchmarks/bench_pretraining_accuracy.py --variants=cpu-fp32-graph,gpu-bf16-xla,gpu-fp16-xla \
+      --seeds=1,2 --work_dir=/tmp/bench_pretraining_accuracy --out_dir="$out/$phase" ;;
+  packed)
+    python benchmarks/bench_pretraining.py --device=gpu --size=base --batch=32 --steps=10 --loops=2 \
+      --input_file="${2:?records}" --pack_sequences --variants=ours-bf16-xla,hf-bf16-compile \
+      --out_dir="$out/$phase" --xla_cache_dir="$out/xla_cache" ;;
+  *) echo "unknown phase $phase: smoke, speed, accuracy or packed" >&2; exit 2 ;;
+esac
