@@ -114,8 +114,8 @@ def test_aggregations_and_weights():
     # any: a noisy-OR, the first label ("no") only when every window says so; one window gives its own probabilities.
     p_no = np.prod([1 / (1 + np.exp(-2.0)), 1 / (1 + np.exp(-3.0)), 1 / (1 + np.exp(7.0))])
     any_ = aggregate_windows(logits, window_example, 2, "any")
-    np.testing.assert_allclose(np.exp(any_), [[p_no, 1 - p_no], [1 / (1 + np.exp(-0.25)), 1 / (1 + np.exp(0.25))]],
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.exp(any_[0]), [p_no, 1 - p_no], rtol=1e-6)
+    np.testing.assert_array_equal(any_[1], logits[3])  # one window: its own logits, exactly
     three = np.array([[0.0, 1.0, 2.0], [0.0, 3.0, -1.0]], np.float32)  # the others share 1 - P(first)
     p = np.exp(three) / np.exp(three).sum(-1, keepdims=True)
     share = np.array([p[:, 1].sum(), p[:, 2].sum()])
@@ -154,6 +154,7 @@ def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
     import tensorflow as tf
 
     from bert_tf.runners.classifier import aggregate_slots
+    from bert_tf.runners.common import softmax
     from bert_tf.serving.windows import aggregate
 
     rng = np.random.default_rng(4)
@@ -165,6 +166,8 @@ def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
     trained = aggregate_slots(tf.constant(slots["logits"]), tf.constant(slots["window_mask"]), aggregation).numpy()
     served = aggregate(tf.constant(logits), tf.constant(window_example, tf.int32), tf.constant(np.bincount(
         window_example)), aggregation).numpy()
+    if aggregation == "any":  # log-probabilities; an input of one window keeps its logits: the same probabilities
+        trained, served, expected = (softmax(x) for x in (trained, served, expected))
     np.testing.assert_allclose(trained, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
 
@@ -341,7 +344,7 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
     window_logits = np.array(window_logits, np.float64)
     tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
 
-    for aggregation in ("mean", "max", "logmeanexp", "first"):
+    for aggregation in ("mean", "max", "logmeanexp", "any", "first"):
         _run(tiny_model, data, out, do_eval=True, do_predict=True, long_inputs="windows", doc_stride=6,
              window_aggregation=aggregation)
         assert (out / "eval_results.txt").read_text() == truncated["eval_results.txt"]
@@ -352,7 +355,8 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
         np.testing.assert_allclose(rows[0], before[0], atol=tolerance)
         np.testing.assert_allclose(rows[2], before[2], atol=tolerance)
         expected = {"mean": window_logits.mean(0), "max": window_logits.max(0), "first": window_logits[0],
-                    "logmeanexp": np.log(np.exp(window_logits).mean(0))}
+                    "logmeanexp": np.log(np.exp(window_logits).mean(0)),
+                    "any": aggregate_windows(window_logits, [0] * len(spans), 1, "any")[0]}
         np.testing.assert_allclose(rows[1], softmax(expected[aggregation]), atol=tolerance)
         if aggregation != "first":  # the later windows count, by more than the tolerance
             assert np.abs(softmax(expected[aggregation]) - softmax(window_logits[0])).max() > 10 * tolerance
@@ -396,7 +400,7 @@ def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, w
     _write_split(data / "test.tsv", [(text, "") for text in texts], with_label=False)
     out = windows_model[1]
     tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
-    for aggregation in ("mean", "max", "logmeanexp"):
+    for aggregation in ("mean", "max", "logmeanexp", "any"):
         _run(tiny_model, data, out, do_predict=True, long_inputs="windows", doc_stride=5,
              window_aggregation=aggregation)
         expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
@@ -410,7 +414,7 @@ def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, w
                                                        text_b=tf.constant([""] * len(texts)))["probabilities"]
         np.testing.assert_allclose(single, expected, atol=tolerance)
         np.testing.assert_allclose(default.numpy(), expected, atol=tolerance)
-        if aggregation != "mean":  # the marker past the first window is found: the windows were read
+        if aggregation in ("max", "logmeanexp"):  # the marker past the first window is found: the windows were read
             assert single[1].argmax() == 1 and single[3].argmax() == 0, single
 
 

@@ -143,7 +143,12 @@ def any_windows(logits: np.ndarray, window_example: np.ndarray, num_examples: in
     rest = top + np.log(total)  # [N, L - 1]: log-sum-exp over the windows
     rest -= np.log(np.exp(rest - rest.max(-1, keepdims=True)).sum(-1, keepdims=True)) + rest.max(-1, keepdims=True)
     found = np.log(-np.expm1(np.minimum(none, -ANY_FLOOR)))[:, None]  # log(1 - P(first))
-    return np.concatenate([none[:, None], found + rest], axis=1).astype(logits.dtype)
+    out = np.concatenate([none[:, None], found + rest], axis=1).astype(logits.dtype)
+    # An input of one window keeps its logits (the same probabilities): exactly what truncation writes.
+    counts = np.bincount(window_example, minlength=num_examples)
+    single = np.flatnonzero(counts[window_example] == 1)
+    out[window_example[single]] = logits[single]
+    return out
 
 
 def window_training_for(aggregation: str, training: Optional[str]) -> str:
