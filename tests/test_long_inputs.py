@@ -147,6 +147,26 @@ def test_windows_in_slots_keep_each_inputs_windows_together():
         windows_in_slots(arrays, [0, 1, 0, 1, 2, 2], ("label_ids",))
 
 
+def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
+    """The default window training per aggregation, and the combinations refused before any work: 'any' on a
+    regression, the aggregate with --pack_sequences (its windows stay together in slots, not packed rows)."""
+    from bert_tf.pretrained import FinetuneError
+    from bert_tf.runners.classifier import ClassifierRunConfig, ClassifierTask
+
+    def task(aggregation, training=None, regression=False):
+        spec = glue.user_task("text", "label", labels=None if regression else ["no", "yes"], regression=regression)
+        return ClassifierTask(ClassifierRunConfig(task=spec, data_dir=str(tmp_path), output_dir=str(tmp_path),
+                                                  long_inputs="windows", doc_stride=8, window_aggregation=aggregation,
+                                                  window_training=training))
+
+    assert [task(a).window_training for a in ("mean", "max", "logmeanexp", "any", "first")] == \
+        ["each", "aggregate", "aggregate", "aggregate", "each"]
+    assert task("max", "each").window_training == "each" and task("max", "each").not_packable == ""
+    assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
+    with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
+        task("any", regression=True)
+
+
 @pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])
 def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
     """The aggregation training takes its loss on (over window slots, empty ones masked) is the one evaluation
