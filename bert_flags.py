@@ -220,7 +220,7 @@ def define_long_input_flags():
     flags.DEFINE_enum("window_training", None, ["each", "aggregate"], "--long_inputs=windows: train on each "
                       "window alone with its input's label, or on the aggregate of an input's windows (the loss "
                       "on --window_aggregation of their logits, so the window that decides gets the gradient). "
-                      "Default: aggregate for max, logmeanexp and any; each for mean and first.")
+                      "Default: aggregate for any, each for the others (measured: docs/finetuning.md).")
 
 
 def check_long_input_flags():

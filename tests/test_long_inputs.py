@@ -1,5 +1,6 @@
 """Inputs longer than max_seq_length (--long_inputs=windows): the windows, their aggregation into one output per
-input, the same outputs as truncation where an input fits, and a task only windows can learn."""
+input, training on that aggregate (window slots, where the gradient goes), the same outputs as truncation where an
+input fits, the same outputs from the runner and the export, and a task only windows can learn."""
 
 import json
 
@@ -123,8 +124,8 @@ def test_aggregations_and_weights():
                                [p[:, 0].prod(), *((1 - p[:, 0].prod()) * share / share.sum())], rtol=1e-6)
     with pytest.raises(ValueError, match="window aggregation 'any' needs two or more labels"):
         aggregate_windows(logits[:, :1], window_example, 2, "any")
-    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "aggregate", "logmeanexp": "aggregate",
-                                       "any": "aggregate", "first": "each"}
+    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each", "logmeanexp": "each", "any": "aggregate",
+                                       "first": "each"}
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, got 'all'$"):
         check_window_settings("windows", 8, "max", "all")
 
@@ -160,8 +161,8 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
                                                   window_training=training))
 
     assert [task(a).window_training for a in ("mean", "max", "logmeanexp", "any", "first")] == \
-        ["each", "aggregate", "aggregate", "aggregate", "each"]
-    assert task("max", "each").window_training == "each" and task("max", "each").not_packable == ""
+        ["each", "each", "each", "aggregate", "each"]
+    assert task("max").window_training == "each" and task("max").not_packable == ""
     assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
@@ -295,8 +296,8 @@ def _long_task_split(rng, n):
 
 @pytest.fixture(scope="module")
 def windows_model(tiny_model, tmp_path_factory):
-    """A classifier trained with --long_inputs=windows (max aggregation, so by default on the aggregate of each
-    document's windows) on the long-document task: (data dir, model dir, dev accuracy)."""
+    """A classifier trained with --long_inputs=windows (max aggregation, by default each window alone with its
+    document's label) on the long-document task: (data dir, model dir, dev accuracy)."""
     rng = np.random.default_rng(7)
     data = tmp_path_factory.mktemp("long_task")
     _write_split(data / "train.tsv", _long_task_split(rng, 256))
@@ -311,11 +312,11 @@ def test_label_past_the_first_window_is_chance_truncated_and_learned_with_window
                                                                                    tmp_path):
     """The falsifiable check: a document of three windows is "yes" when it holds the sentence "want cat !",
     always after its first window (at a random position in its second or third). Truncated, the model never
-    sees the evidence and stays at chance; with windows (trained on the max of each document's windows' logits,
-    the default for max) it learns the task; the same model read through its first window only is at chance
-    again. Measured: truncate 0.48-0.53, first window 0.47-0.56 over data seeds 1-4 and 7; windows trained on
-    the aggregate 1.00 at seed 7 (trained on each window alone, the earlier default: 0.88-1.00 over the five
-    seeds, 0.89-1.00 with the mean)."""
+    sees the evidence and stays at chance; with windows (trained on every window, the max of their logits per
+    document) it learns the task; the same model read through its first window only is at chance again.
+    Measured: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first window 0.47-0.56 over
+    data seeds 1-4 and 7. Trained on the aggregate of the max instead: 1.00 at seeds 2, 3 and 7, 0.50 at 1 and
+    4 (why each window is the default for max)."""
     data, out, windows_accuracy = windows_model
     accuracy = {"windows": windows_accuracy}
     results = _run(tiny_model, data, tmp_path / "truncate", do_train=True, do_eval=True, num_train_epochs=20)
@@ -382,7 +383,7 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
             assert np.abs(softmax(expected[aggregation]) - softmax(window_logits[0])).max() > 10 * tolerance
         info = json.loads((out / "bert_tf_info.json").read_text())
         assert (info["long_inputs"], info["doc_stride"], info["window_aggregation"]) == ("windows", 6, aggregation)
-        assert info["window_training"] == "aggregate"  # how the model was trained, kept by evaluation-only runs
+        assert info["window_training"] == "each"  # how the model was trained, kept by evaluation-only runs
 
 
 def test_windows_pack_like_any_examples(tokenizer):
