@@ -79,6 +79,8 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_
         (["--max_seq_length=512"], "longer than the model's max_position_embeddings"),
         (["--pack_sequences", "--dynamic_padding"], "--dynamic_padding and --pack_sequences cannot be combined"),
         (["--long_inputs=windows", "--doc_stride=0"], "--doc_stride must be positive, got 0"),
+        (["--long_inputs=windows", "--window_training=aggregate", "--pack_sequences"],
+         "--pack_sequences does not apply here: --window_training=aggregate keeps each input's windows together"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):
