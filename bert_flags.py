@@ -228,9 +228,15 @@ def define_long_input_flags():
                       "(pairs: windows over text_b, text_a whole in each) that training sees all of and "
                       "prediction aggregates into one output per input.")
     define_doc_stride_flag(note="--long_inputs=windows only.")
-    flags.DEFINE_enum("window_aggregation", "mean", ["mean", "max", "first"], "--long_inputs=windows: one output "
-                      "per input from its windows' logits: their mean, each class's max (for 'does the text "
-                      "contain X anywhere'), or the first window's.")
+    flags.DEFINE_enum("window_aggregation", "mean", ["mean", "max", "logmeanexp", "any", "first"], "--long_inputs=windows: "
+                      "one output per input from its windows' logits: their mean, each class's max (for 'does the "
+                      "text contain X anywhere'), each class's log(mean(exp)) (a soft max), 'any' (the first label only when "
+                      "every window says it: a noisy-OR, for 'contains X' with the first label meaning absent), or "
+                      "the first window's.")
+    flags.DEFINE_enum("window_training", None, ["each", "aggregate"], "--long_inputs=windows: train on each "
+                      "window alone with its input's label, or on the aggregate of an input's windows (the loss "
+                      "on --window_aggregation of their logits, so the window that decides gets the gradient). "
+                      "Default: aggregate for any, each for the others (measured: docs/finetuning.md).")
 
 
 def check_long_input_flags():
@@ -238,7 +244,7 @@ def check_long_input_flags():
     from bert_tf.tasks.windows import check_window_settings
 
     try:
-        check_window_settings(FLAGS.long_inputs, FLAGS.doc_stride, FLAGS.window_aggregation)
+        check_window_settings(FLAGS.long_inputs, FLAGS.doc_stride, FLAGS.window_aggregation, FLAGS.window_training)
     except ValueError as e:
         fail(str(e))
 

@@ -54,7 +54,7 @@ def main(_):
     settings = bert_flags.finetune_settings()
     cfg = ClassifierRunConfig(
         task=task, data_dir=FLAGS.data_dir, long_inputs=FLAGS.long_inputs, doc_stride=FLAGS.doc_stride,
-        window_aggregation=FLAGS.window_aggregation, **bert_flags.finetune_config_kwargs(settings))
+        window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, **bert_flags.finetune_config_kwargs(settings))
     bert_flags.run_and_report(run, cfg, settings)
 
 

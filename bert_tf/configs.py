@@ -316,6 +316,7 @@ class TaskRecord:
     long_inputs: Optional[str] = None
     doc_stride: Optional[int] = None
     window_aggregation: Optional[str] = None
+    window_training: Optional[str] = None  # "each" window, or the "aggregate" of an input's windows
     version_2_with_negative: Optional[bool] = None
     max_query_length: Optional[int] = None
 

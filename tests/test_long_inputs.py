@@ -1,5 +1,6 @@
 """Inputs longer than max_seq_length (--long_inputs=windows): the windows, their aggregation into one output per
-input, the same outputs as truncation where an input fits, and a task only windows can learn."""
+input, training on that aggregate (window slots, where the gradient goes), the same outputs as truncation where an
+input fits, the same outputs from the runner and the export, and a task only windows can learn."""
 
 import json
 
@@ -8,7 +9,14 @@ import pytest
 from conftest import TINY_PROB_TOLERANCE, float32_tolerance
 
 from bert_tf.tasks import TaskDataError, glue
-from bert_tf.tasks.windows import aggregate_windows, doc_spans_for, window_weights
+from bert_tf.tasks.windows import (
+    DEFAULT_WINDOW_TRAINING,
+    aggregate_windows,
+    check_window_settings,
+    doc_spans_for,
+    window_weights,
+    windows_in_slots,
+)
 from bert_tf.tokenization import FullTokenizer
 
 TINY_CONFIG_OVERRIDES = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # conftest's tiny_model, no dropout
@@ -96,9 +104,171 @@ def test_aggregations_and_weights():
     np.testing.assert_allclose(aggregate_windows(logits, window_example, 2, "mean"), [[2 / 3, 4 / 3], [0.5, 0.25]])
     np.testing.assert_array_equal(aggregate_windows(logits, window_example, 2, "max"), [[3.0, 5.0], [0.5, 0.25]])
     np.testing.assert_array_equal(aggregate_windows(logits, window_example, 2, "first"), [[1.0, -1.0], [0.5, 0.25]])
+    # logmeanexp: log(mean(exp)) per unit, between the mean and the max; one window gives itself.
+    expected = [[np.log(np.mean(np.exp([1.0, 3.0, -2.0]))), np.log(np.mean(np.exp([-1.0, 0.0, 5.0])))], [0.5, 0.25]]
+    np.testing.assert_allclose(aggregate_windows(logits, window_example, 2, "logmeanexp"), expected, rtol=1e-6)
+    big = aggregate_windows(np.array([[1000.0], [999.0]], np.float32), [0, 0], 1, "logmeanexp")  # no overflow
+    np.testing.assert_allclose(big, [[999.0 + np.log((np.e + 1) / 2)]], rtol=1e-6)
     np.testing.assert_allclose(window_weights(window_example), [1 / 3, 1 / 3, 1 / 3, 1.0])
     with pytest.raises(ValueError, match="every one of the 3 inputs needs at least one window"):
         aggregate_windows(logits, window_example, 3, "mean")
+    # any: a noisy-OR, the first label ("no") only when every window says so; one window gives its own probabilities.
+    p_no = np.prod([1 / (1 + np.exp(-2.0)), 1 / (1 + np.exp(-3.0)), 1 / (1 + np.exp(7.0))])
+    any_ = aggregate_windows(logits, window_example, 2, "any")
+    np.testing.assert_allclose(np.exp(any_[0]), [p_no, 1 - p_no], rtol=1e-6)
+    np.testing.assert_array_equal(any_[1], logits[3])  # one window: its own logits, exactly
+    three = np.array([[0.0, 1.0, 2.0], [0.0, 3.0, -1.0]], np.float32)  # the others share 1 - P(first)
+    p = np.exp(three) / np.exp(three).sum(-1, keepdims=True)
+    share = np.array([p[:, 1].sum(), p[:, 2].sum()])
+    np.testing.assert_allclose(np.exp(aggregate_windows(three, [0, 0], 1, "any"))[0],
+                               [p[:, 0].prod(), *((1 - p[:, 0].prod()) * share / share.sum())], rtol=1e-6)
+    with pytest.raises(ValueError, match="window aggregation 'any' needs two or more labels"):
+        aggregate_windows(logits[:, :1], window_example, 2, "any")
+    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each", "logmeanexp": "each", "any": "aggregate",
+                                       "first": "each"}
+    with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, got 'all'$"):
+        check_window_settings("windows", 8, "max", "all")
+
+
+def test_windows_in_slots_keep_each_inputs_windows_together():
+    """Training on the aggregate: one row per input, its windows in the first slots, the rest zero and masked."""
+    window_example = [0, 0, 0, 1, 2, 2]
+    arrays = {"input_ids": np.arange(1, 13, dtype=np.int32).reshape(6, 2), "label_ids": np.array([1, 1, 1, 0, 1, 1]),
+              "is_real_example": np.ones(6, np.int32)}
+    slots = windows_in_slots(arrays, window_example, per_input=("label_ids", "is_real_example"))
+    np.testing.assert_array_equal(slots["window_mask"], [[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    np.testing.assert_array_equal(slots["input_ids"], [[[1, 2], [3, 4], [5, 6]], [[7, 8], [0, 0], [0, 0]],
+                                                       [[9, 10], [11, 12], [0, 0]]])
+    np.testing.assert_array_equal(slots["label_ids"], [1, 0, 1])
+    np.testing.assert_array_equal(slots["is_real_example"], [1, 1, 1])
+    assert windows_in_slots(arrays, window_example, ("label_ids",), slots=5)["input_ids"].shape == (3, 5, 2)
+    with pytest.raises(ValueError, match="an input has 3 windows, more than the 2 slots"):
+        windows_in_slots(arrays, window_example, ("label_ids",), slots=2)
+    with pytest.raises(ValueError, match="windows must come in input order"):
+        windows_in_slots(arrays, [0, 1, 0, 1, 2, 2], ("label_ids",))
+
+
+def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
+    """The default window training per aggregation, and the combinations refused before any work: 'any' on a
+    regression, the aggregate with --pack_sequences (its windows stay together in slots, not packed rows)."""
+    from bert_tf.pretrained import FinetuneError
+    from bert_tf.runners.classifier import ClassifierRunConfig, ClassifierTask
+
+    def task(aggregation, training=None, regression=False):
+        spec = glue.user_task("text", "label", labels=None if regression else ["no", "yes"], regression=regression)
+        return ClassifierTask(ClassifierRunConfig(task=spec, data_dir=str(tmp_path), output_dir=str(tmp_path),
+                                                  long_inputs="windows", doc_stride=8, window_aggregation=aggregation,
+                                                  window_training=training))
+
+    assert [task(a).window_training for a in ("mean", "max", "logmeanexp", "any", "first")] == \
+        ["each", "each", "each", "aggregate", "each"]
+    assert task("max").window_training == "each" and task("max").not_packable == ""
+    assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
+    with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
+        task("any", regression=True)
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])
+def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
+    """The aggregation training takes its loss on (over window slots, empty ones masked) is the one evaluation
+    (numpy, over windows) and the export (segment ops in the graph) compute: the same numbers."""
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import aggregate_slots
+    from bert_tf.runners.common import softmax
+    from bert_tf.serving.windows import aggregate
+
+    rng = np.random.default_rng(4)
+    window_example = np.repeat(np.arange(5), [3, 1, 4, 2, 1])
+    logits = rng.normal(scale=4.0, size=(len(window_example), 3)).astype(np.float32)
+    expected = aggregate_windows(logits, window_example, 5, aggregation)
+    slots = windows_in_slots({"logits": logits}, window_example, per_input=(), slots=6)
+    slots["logits"][slots["window_mask"] == 0] = 1e4  # what sits in an empty slot must not count
+    trained = aggregate_slots(tf.constant(slots["logits"]), tf.constant(slots["window_mask"]), aggregation).numpy()
+    served = aggregate(tf.constant(logits), tf.constant(window_example, tf.int32), tf.constant(np.bincount(
+        window_example)), aggregation).numpy()
+    if aggregation == "any":  # log-probabilities; an input of one window keeps its logits: the same probabilities
+        trained, served, expected = (softmax(x) for x in (trained, served, expected))
+    np.testing.assert_allclose(trained, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", ["max", "mean", "logmeanexp", "any"])
+def test_training_on_the_aggregate_sends_the_gradient_to_the_windows_that_decide(aggregation):
+    """classification_loss on inputs in window slots: the model scores every window, the loss is taken on their
+    aggregate. A stand-in model gives each window the logits of a table row picked by its first piece: under max
+    only each unit's largest window gets a gradient (the one that decides), under mean, logmeanexp and any every
+    real window (logmeanexp more to the larger ones); an empty slot never does, whatever its content."""
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import classification_loss
+
+    table = tf.Variable(np.array([[0.0, 0.0], [0.0, 3.0], [1.0, -1.0], [2.0, 0.5], [0.0, 1.0], [0.0, 9.0]],
+                                 np.float32))
+
+    def model(batch, training):  # [W, S] -> [W, 2]: the table row of each window's first piece
+        assert batch["input_ids"].shape.rank == 2 and training
+        return tf.gather(table, batch["input_ids"][:, 1])
+
+    ids = np.zeros((2, 3, 4), np.int32)
+    ids[0, :, 1] = [1, 2, 3]  # input 0: three windows, rows 1-3
+    ids[1, :, 1] = [4, 0, 5]  # input 1: one window (row 4), an empty slot, and a masked slot holding row 5
+    window_mask = np.array([[1, 1, 1], [1, 0, 0]], np.int32)
+    batch = {"input_ids": tf.constant(ids), "input_mask": tf.constant((ids > 0).astype(np.int32)),
+             "segment_ids": tf.zeros_like(ids), "window_mask": tf.constant(window_mask),
+             "label_ids": tf.constant([1, 0]), "is_real_example": tf.constant([1, 1])}
+    with tf.GradientTape() as tape:
+        loss, metrics = classification_loss(model, batch, training=True, window_aggregation=aggregation)
+    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+    assert np.isfinite(loss.numpy()) and metrics["accuracy"][1].numpy() == 2.0
+    np.testing.assert_array_equal(grad[[0, 5]], 0.0)  # the empty slot and the masked one (row 5's 9.0 is ignored)
+    assert (grad[4] != 0).all()  # input 1's only window
+    if aggregation == "max":  # unit 0's max of input 0 is row 3 (2.0), unit 1's row 1 (3.0)
+        assert grad[3, 0] != 0 and grad[1, 1] != 0
+        np.testing.assert_array_equal([grad[1, 0], grad[2, 0], grad[2, 1], grad[3, 1]], 0.0)
+    else:
+        assert (grad[1:4] != 0).all()
+    if aggregation == "logmeanexp":  # unit 1: the largest window (row 1, 3.0) gets most
+        assert abs(grad[1, 1]) > abs(grad[3, 1]) > abs(grad[2, 1])
+    # The loss is the cross-entropy of the aggregate, computed here by hand.
+    logits = np.array([[[0.0, 3.0], [1.0, -1.0], [2.0, 0.5]]])[0]
+    p_no = np.prod(np.exp(logits[:, 0]) / np.exp(logits).sum(-1))
+    combined = {"max": logits.max(0), "mean": logits.mean(0), "logmeanexp": np.log(np.exp(logits).mean(0)),
+                "any": np.log([p_no, 1 - p_no])}[aggregation]
+    expected = 0.5 * (-np.log(np.exp(combined[1]) / np.exp(combined).sum()) - np.log(np.exp(0) / (1 + np.e)))
+    assert loss.numpy() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("skip_padding", [True, False])
+def test_empty_window_slots_change_nothing_in_a_real_model(tiny_model, tokenizer, skip_padding):
+    """A tiny BERT trained on the aggregate: more (empty) slots per input give the same loss and gradients, with
+    the encoder skipping padding (an empty slot has no real token) and without (XLA's dense layout)."""
+    import tensorflow as tf
+
+    from bert_tf.configs import BertConfig
+    from bert_tf.models.encoder import BertEncoder
+    from bert_tf.models.task_models import BertClassifier
+    from bert_tf.runners.classifier import classification_loss
+
+    rng = np.random.default_rng(6)
+    examples = [glue.InputExample(str(i), _doc(rng, n), label=label) for i, (n, label) in
+                enumerate([(30, "yes"), (8, "no"), (20, "no")])]
+    features, window_example = glue.convert_examples_to_windows(examples, ["no", "yes"], SEQ, tokenizer, 7)
+    arrays = glue.features_to_arrays(features, SEQ)
+    model = BertClassifier(BertEncoder(BertConfig.from_json_file(str(tiny_model / "bert_config.json"))), 2,
+                           skip_padding=skip_padding)
+    losses, grads = [], []
+    for slots in (None, 6):
+        batch = windows_in_slots(arrays, window_example, ("label_ids", "is_real_example"), slots=slots)
+        with tf.GradientTape() as tape:
+            loss, _ = classification_loss(model, {k: tf.constant(v) for k, v in batch.items()}, training=False,
+                                          window_aggregation="max")
+        losses.append(loss.numpy())
+        grads.append([tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    assert batch["input_ids"].shape[1] == 6 > int(np.bincount(window_example).max())
+    assert np.isfinite(losses[0]) and losses[0] == pytest.approx(losses[1], abs=1e-6)
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 # ------------------------------------------------------------------ runs
@@ -126,8 +296,8 @@ def _long_task_split(rng, n):
 
 @pytest.fixture(scope="module")
 def windows_model(tiny_model, tmp_path_factory):
-    """A classifier trained with --long_inputs=windows (max aggregation) on the long-document task:
-    (data dir, model dir, dev accuracy)."""
+    """A classifier trained with --long_inputs=windows (max aggregation, by default each window alone with its
+    document's label) on the long-document task: (data dir, model dir, dev accuracy)."""
     rng = np.random.default_rng(7)
     data = tmp_path_factory.mktemp("long_task")
     _write_split(data / "train.tsv", _long_task_split(rng, 256))
@@ -142,10 +312,11 @@ def test_label_past_the_first_window_is_chance_truncated_and_learned_with_window
                                                                                    tmp_path):
     """The falsifiable check: a document of three windows is "yes" when it holds the sentence "want cat !",
     always after its first window (at a random position in its second or third). Truncated, the model never
-    sees the evidence and stays at chance; with windows (training on every window, the max of their logits per
+    sees the evidence and stays at chance; with windows (trained on every window, the max of their logits per
     document) it learns the task; the same model read through its first window only is at chance again.
     Measured: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first window 0.47-0.56 over
-    data seeds 1-4 and 7."""
+    data seeds 1-4 and 7. Trained on the aggregate of the max instead: 1.00 at seeds 2, 3 and 7, 0.50 at 1 and
+    4 (why each window is the default for max)."""
     data, out, windows_accuracy = windows_model
     accuracy = {"windows": windows_accuracy}
     results = _run(tiny_model, data, tmp_path / "truncate", do_train=True, do_eval=True, num_train_epochs=20)
@@ -194,7 +365,7 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
     window_logits = np.array(window_logits, np.float64)
     tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
 
-    for aggregation in ("mean", "max", "first"):
+    for aggregation in ("mean", "max", "logmeanexp", "any", "first"):
         _run(tiny_model, data, out, do_eval=True, do_predict=True, long_inputs="windows", doc_stride=6,
              window_aggregation=aggregation)
         assert (out / "eval_results.txt").read_text() == truncated["eval_results.txt"]
@@ -204,12 +375,15 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
         assert len((out / "user.tsv").read_text().splitlines()) == 4  # header + one row per input
         np.testing.assert_allclose(rows[0], before[0], atol=tolerance)
         np.testing.assert_allclose(rows[2], before[2], atol=tolerance)
-        expected = {"mean": window_logits.mean(0), "max": window_logits.max(0), "first": window_logits[0]}
+        expected = {"mean": window_logits.mean(0), "max": window_logits.max(0), "first": window_logits[0],
+                    "logmeanexp": np.log(np.exp(window_logits).mean(0)),
+                    "any": aggregate_windows(window_logits, [0] * len(spans), 1, "any")[0]}
         np.testing.assert_allclose(rows[1], softmax(expected[aggregation]), atol=tolerance)
         if aggregation != "first":  # the later windows count, by more than the tolerance
             assert np.abs(softmax(expected[aggregation]) - softmax(window_logits[0])).max() > 10 * tolerance
         info = json.loads((out / "bert_tf_info.json").read_text())
         assert (info["long_inputs"], info["doc_stride"], info["window_aggregation"]) == ("windows", 6, aggregation)
+        assert info["window_training"] == "each"  # how the model was trained, kept by evaluation-only runs
 
 
 def test_windows_pack_like_any_examples(tokenizer):
@@ -247,7 +421,7 @@ def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, w
     _write_split(data / "test.tsv", [(text, "") for text in texts], with_label=False)
     out = windows_model[1]
     tolerance = float32_tolerance(10.0, 2 * (32 + 64 + SEQ) + 64)
-    for aggregation in ("mean", "max"):
+    for aggregation in ("mean", "max", "logmeanexp", "any"):
         _run(tiny_model, data, out, do_predict=True, long_inputs="windows", doc_stride=5,
              window_aggregation=aggregation)
         expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
@@ -261,7 +435,7 @@ def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, w
                                                        text_b=tf.constant([""] * len(texts)))["probabilities"]
         np.testing.assert_allclose(single, expected, atol=tolerance)
         np.testing.assert_allclose(default.numpy(), expected, atol=tolerance)
-        if aggregation == "max":  # the marker past the first window is found: the windows were read
+        if aggregation in ("max", "logmeanexp"):  # the marker past the first window is found: the windows were read
             assert single[1].argmax() == 1 and single[3].argmax() == 0, single
 
 

@@ -161,6 +161,8 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
         (["--pack_sequences", "--max_sequences_per_row=0"], "max_sequences_per_row must be >= 1, got 0"),
         (["--train_batch_size=0"], "--train_batch_size must be >= 1, got 0"),
         (["--num_train_epochs=0"], "--num_train_epochs must be > 0, got 0.0"),
+        (["--long_inputs=windows", "--window_training=aggregate", "--pack_sequences"],
+         "--pack_sequences does not apply here: --window_training=aggregate keeps each input's windows together"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):

@@ -6,11 +6,17 @@ and predicts, and writes the original's files (`eval_results.txt`,
 
 Inputs longer than max_seq_length are truncated (`long_inputs="truncate"`, the original), or
 cut into windows `doc_stride` pieces apart (`long_inputs="windows"`,
-glue.convert_examples_to_windows): training sees every window with its input's label, each
-window weighted 1 / (windows of its input) so a long input weighs what a short one does;
-evaluation and prediction turn the windows' logits into one output per input
-(`window_aggregation`: mean, max or first; bert_tf.tasks.windows.aggregate_windows), so every
-output file keeps one row per input.
+glue.convert_examples_to_windows). Evaluation and prediction turn the windows' logits into one
+output per input (`window_aggregation`: mean, max, logmeanexp, any or first;
+bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per input. Training
+(`window_training`, by default the aggregation's bert_tf.tasks.windows.DEFAULT_WINDOW_TRAINING):
+- "each": every window is a row with its input's label, weighted 1 / (windows of its input) so a
+  long input weighs what a short one does;
+- "aggregate": a row is one input with its windows in K slots (bert_tf.tasks.windows.windows_in_slots),
+  the model scores them all and the loss is taken on their aggregation (aggregate_slots), so the
+  gradient reaches the window that decides (with max, only it), as in multiple-instance learning.
+
+Dimensions: B inputs, K window slots, S max_seq_length, L labels.
 """
 
 from __future__ import annotations
@@ -18,18 +24,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.configs import TaskRecord
+from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
+from bert_tf.serving.windows import any_outputs
 from bert_tf.tasks import glue
-from bert_tf.tasks.windows import aggregate_windows, check_window_settings, window_weights
+from bert_tf.tasks.windows import (
+    aggregate_windows,
+    check_window_settings,
+    window_training_for,
+    window_weights,
+    windows_in_slots,
+)
 
 logger = logging.getLogger("bert_tf.classifier")
 
@@ -40,14 +53,55 @@ class ClassifierRunConfig(FinetuneConfig):
     data_dir: str
     long_inputs: str = "truncate"  # or "windows"
     doc_stride: int = 128  # windows: each starts this many word pieces after the previous one
-    window_aggregation: str = "mean"  # windows: "mean", "max" or "first" of the windows' logits
+    window_aggregation: str = "mean"  # windows: "mean", "max", "logmeanexp", "any" or "first" of the windows' logits
+    window_training: Optional[str] = None  # windows: "each" or "aggregate"; None: the aggregation's default
+
+# A masked slot's logit before max and logmeanexp: far below any real one, finite so no inf - inf appears.
+EMPTY_SLOT_LOGIT = -1e9
 
 
-def classification_loss(model, batch, training):
+def aggregate_slots(logits: tf.Tensor, window_mask: tf.Tensor, aggregation: str) -> tf.Tensor:
+    """float [B, K, L] logits of each input's window slots, window_mask int [B, K] (1: a window) -> [B, L]:
+    bert_tf.tasks.windows.aggregate_windows over each input's windows, empty slots left out. Every input has
+    its first slot filled. Under max each unit's gradient goes to its largest window only (ties share it)."""
+    mask = tf.cast(window_mask, logits.dtype)[:, :, None]  # [B, K, 1]
+    count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)  # [B, 1]
+    if aggregation == "first":
+        return logits[:, 0]
+    if aggregation == "mean":
+        return tf.reduce_sum(logits * mask, axis=1) / count
+    if aggregation == "any":  # noisy-OR: the first label only when every window says so
+        logp = tf.nn.log_softmax(logits)  # [B, K, L]
+        none = tf.reduce_sum(logp[:, :, :1] * mask, axis=1)  # [B, 1]
+        rest = tf.reduce_logsumexp(tf.where(mask > 0, logp[:, :, 1:], EMPTY_SLOT_LOGIT), axis=1)  # [B, L - 1]
+        return any_outputs(none, rest)
+    masked = tf.where(mask > 0, logits, EMPTY_SLOT_LOGIT)  # [B, K, L]
+    top = tf.reduce_max(masked, axis=1)  # [B, L]
+    if aggregation == "max":
+        return top
+    if aggregation == "logmeanexp":  # top + log(mean(exp(x - top))): exact, and no overflow
+        return top + tf.math.log(tf.reduce_sum(tf.exp(masked - top[:, None, :]) * mask, axis=1) / count)
+    raise ValueError(f"window aggregation must be mean, max, logmeanexp, any or first, got {aggregation!r}")
+
+
+def slot_logits(model, batch, training, aggregation: str) -> tf.Tensor:
+    """The aggregated logits [B, L] of a batch of inputs in window slots ([B, K, S] inputs, window_mask [B, K])."""
+    shape = tf.shape(batch["input_ids"])  # [B, K, S]
+    windows = {k: tf.reshape(batch[k], [-1, shape[2]]) for k in ("input_ids", "input_mask", "segment_ids")}
+    logits = tf.cast(model(windows, training=training), tf.float32)  # [B * K, L]
+    logits = tf.reshape(logits, [shape[0], shape[1], -1])  # [B, K, L]
+    return aggregate_slots(logits, batch["window_mask"], aggregation)
+
+
+def classification_loss(model, batch, training, window_aggregation: str = "mean"):
     """Mean cross-entropy (or squared error for regression) over real examples; accuracy metric.
 
-    batch["example_weights"] (float [B], windows: 1 / windows of the input) weighs each row when present."""
-    logits = model(batch, training=training)  # [B, L] float32
+    batch["example_weights"] (float [B], windows: 1 / windows of the input) weighs each row when present.
+    A batch with "window_mask" holds inputs in window slots: the loss is on their `window_aggregation`."""
+    if "window_mask" in batch:
+        logits = slot_logits(model, batch, training, window_aggregation)  # [B, L]
+    else:
+        logits = model(batch, training=training)  # [B, L] float32
     weights = tf.cast(batch.get("is_real_example", tf.ones_like(batch["label_ids"], tf.int32)), tf.float32)
     if "example_weights" in batch:
         weights *= tf.cast(batch["example_weights"], tf.float32)
@@ -67,11 +121,18 @@ class ClassifierTask(FinetuneTask):
     """One GLUE-style task: logits [N, L] (L = 1: regression) over the pooled output."""
 
     def __init__(self, cfg: ClassifierRunConfig):
-        check_window_settings(cfg.long_inputs, cfg.doc_stride, cfg.window_aggregation)
+        check_window_settings(cfg.long_inputs, cfg.doc_stride, cfg.window_aggregation, cfg.window_training)
         self.cfg = cfg
         self.windows = cfg.long_inputs == "windows"
+        self.window_training = window_training_for(cfg.window_aggregation, cfg.window_training) \
+            if self.windows else None
+        if self.window_training == "aggregate":
+            self.not_packable = "--window_training=aggregate keeps each input's windows together in slots"
         self.spec = cfg.task
         self.task_type = "regression" if self.spec.is_regression else "classification"
+        if self.windows and cfg.window_aggregation == "any" and self.spec.is_regression:
+            raise FinetuneError("--window_aggregation=any needs labels (the first meaning 'found nowhere'); "
+                                "this task is a regression")
 
     def setup(self, pretrained):
         if self.spec.labels is not None and not self.spec.labels:
@@ -79,10 +140,13 @@ class ClassifierTask(FinetuneTask):
         self.eval_splits, self.predict_splits = self.spec.eval_splits, self.spec.test_splits
         self.primary_metric = {"mcc": "eval_mcc", "pearson_spearman": "eval_corr",
                                "f1_accuracy": "eval_acc_and_f1"}.get(self.spec.metric, "eval_accuracy")
+        # How the model was trained on windows: this run's when it trains, else what the training run recorded.
+        trained = self.window_training if self.cfg.do_train else \
+            read_run_info(self.cfg.output_dir).get("window_training")
         windows = dict(doc_stride=self.cfg.doc_stride, window_aggregation=self.cfg.window_aggregation) \
             if self.windows else {}
         return TaskRecord(self.task_type, task=self.spec.name, label_list=tuple(self.spec.labels or ()),
-                          long_inputs=self.cfg.long_inputs, **windows)
+                          long_inputs=self.cfg.long_inputs, window_training=trained, **windows)
 
     def featurize(self, split, tokenizer):
         examples = self.spec.read_examples(self.cfg.data_dir, split)
@@ -95,12 +159,19 @@ class ClassifierTask(FinetuneTask):
         features, window_example = glue.convert_examples_to_windows(
             examples, self.spec.labels, self.cfg.max_seq_length, tokenizer, self.cfg.doc_stride)
         arrays = glue.features_to_arrays(features, self.cfg.max_seq_length)
-        arrays["example_weights"] = window_weights(window_example)
         logger.info("%s: %d inputs -> %d windows (max_seq_length %d, doc_stride %d)", split, len(examples),
                     len(features), self.cfg.max_seq_length, self.cfg.doc_stride)
+        if split == "train" and self.window_training == "aggregate":  # a row per input, its windows in slots
+            slots = windows_in_slots(arrays, window_example, per_input=("label_ids", "is_real_example"))
+            mask = slots["window_mask"]
+            logger.info("%s: %d window slots per input, %.1f%% of them empty", split, mask.shape[1],
+                        100 * (1 - mask.mean()))
+            return Featurized(examples, slots, len(examples), window_example=np.asarray(window_example))
+        arrays["example_weights"] = window_weights(window_example)
         return Featurized(examples, arrays, len(features), window_example=np.asarray(window_example))
 
-    loss = staticmethod(classification_loss)
+    def loss(self, model, batch, training):
+        return classification_loss(model, batch, training, window_aggregation=self.cfg.window_aggregation)
 
     def per_input(self, data, logits):
         """(logits [N, L], label ids [N]): one row per input, the windows' logits aggregated."""
@@ -140,14 +211,19 @@ class ClassifierTask(FinetuneTask):
     def summary(self):
         summary = {"task": self.spec.name, "labels": ", ".join(self.spec.labels or ["(regression)"])}
         if self.windows:
-            summary["long inputs"] = (f"windows every {self.cfg.doc_stride} word pieces, each weighted 1/windows "
-                                      f"of its input; {self.cfg.window_aggregation} of their logits per input")
+            training = ("each weighted 1/windows of its input" if self.window_training == "each" else
+                        "trained on their aggregate, an input's windows in one row of slots")
+            summary["long inputs"] = (f"windows every {self.cfg.doc_stride} word pieces, {training}; "
+                                      f"{self.cfg.window_aggregation} of their logits per input")
         return summary
 
 
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
-    return run_finetuning(ClassifierTask(cfg), cfg)
+    task = ClassifierTask(cfg)
+    if task.window_training == "aggregate" and cfg.do_train and cfg.run is not None and cfg.run.aux_lm_weight:
+        raise FinetuneError("--aux_lm_weight cannot be combined with --window_training=aggregate")
+    return run_finetuning(task, cfg)
 
 
-__all__ = ["ClassifierRunConfig", "ClassifierTask", "classification_loss", "run"]
+__all__ = ["ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss", "run", "slot_logits"]

