@@ -156,3 +156,4 @@ def test_compile_time_is_the_first_step_plus_the_first_loops_excess_over_the_lat
                            "at the later loops' 0.550 s per step)"), text
     assert shapes.training_compile_text(history[:1], 1).startswith(
         "training step at 1 shape(s): first step 4.0 s (one loop")
+    assert shapes.training_compile_text([], 2) == "training step at 2 shape(s): nothing trained in this run"

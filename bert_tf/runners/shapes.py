@@ -101,6 +101,8 @@ def training_compile_text(loop_history: Sequence[dict], programs: int) -> str:
     compile_seconds}): the first step, which the Trainer times apart (it compiles the first shape), plus
     the first loop's timed steps beyond the later loops' median seconds per step (the run's other shapes
     first come within them). The second part is an estimate: a host call cannot time its steps apart."""
+    if not loop_history:  # (a rerun on a finished output_dir trains nothing)
+        return f"training step at {programs} shape(s): nothing trained in this run"
     first = loop_history[0]
     first_step = float(first.get("compile_seconds", 0.0))
     timed = first["steps"] - (1 if first_step else 0)  # the steps `seconds` covers
