@@ -52,7 +52,7 @@ def _events(folder):
     return out
 
 
-def _masked_trainer(model_dir, delay, **settings):
+def _masked_trainer(model_dir, delay, train_steps=4, **settings):
     """A toy Trainer whose batches hold an input_mask with 3 of every 8 positions real; each batch
     takes `delay` seconds to make (a slow input pipeline)."""
     import time
@@ -93,9 +93,9 @@ def _masked_trainer(model_dir, delay, **settings):
         return tf.reduce_mean(tf.square(model(masked, training=training))), {}
 
     trainer = loop.Trainer(strategy_lib.get_strategy("one_device"),
-                           loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=4, **settings),
-                           model_fn, loss_fn, lambda v: opt.create_optimizer("adamw", v, 0.01, 4, 0),
-                           model_dir=str(model_dir), train_steps=4, global_batch_size=4,
+                           loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=train_steps, **settings),
+                           model_fn, loss_fn, lambda v: opt.create_optimizer("adamw", v, 0.01, train_steps, 0),
+                           model_dir=str(model_dir), train_steps=train_steps, global_batch_size=4,
                            checkpoint_input_pipeline=False)  # (a py_function cannot be saved)
     return trainer, dataset_fn
 
@@ -150,6 +150,19 @@ def test_the_first_step_compiles_apart_from_the_speed_and_eta(tmp_path, caplog):
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval ")]
     assert re.match(r"eval at step 4 over 3 batches \([\d.]+ examples/s; first batch [\d.]+ s with tracing "
                     r"and compiling\): loss ", line), line
+
+
+def test_the_eta_after_a_compiling_loop_counts_the_steps_still_to_run(tmp_path, caplog):
+    """10 steps left after a first loop whose one timed step waited 0.25 s for its batch: an ETA of about
+    2.5 s, not 0 (the clock of the steps after the first step starts where that step ended)."""
+    import logging
+
+    caplog.set_level(logging.INFO, "bert_tf.training")
+    trainer, dataset_fn = _masked_trainer(tmp_path, delay=0.25, train_steps=12)
+    trainer.train(dataset_fn)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    eta = re.search(r" ETA 0h00m(\d\d)s ", lines[0])
+    assert lines[0].startswith("step 2/12 ") and eta and 2 <= int(eta.group(1)) <= 9, lines[0]
 
 
 def test_hparams_are_written_as_a_session_of_model_dir(tmp_path):

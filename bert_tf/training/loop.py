@@ -363,8 +363,8 @@ class Trainer:
                 compiling = train_loop.experimental_get_tracing_count() == 0
                 losses, sums, grad_norm, health, elapsed, compile_seconds = run_host_loop(train_loop, iterator, n,
                                                                                           compiling)
-                if compiling:
-                    start_time, start_step = time.time(), step + 1
+                if compiling:  # the clock starts where the first step ended (elapsed: the steps after it)
+                    start_time, start_step = time.time() - elapsed, step + 1
                 bad = np.flatnonzero(~np.isfinite(losses))
                 if bad.size:
                     raise NonFiniteLossError(
