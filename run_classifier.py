@@ -30,6 +30,10 @@ flags.DEFINE_string("label_column", "label", "--task_name=user: the header of th
 flags.DEFINE_string("index_column", None, "--task_name=user: the header of the id column of the test file.")
 flags.DEFINE_list("labels", None, "--task_name=user: the label set in id order (default: read from train).")
 flags.DEFINE_bool("regression", False, "--task_name=user: the label is a number (Pearson/Spearman).")
+flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads: cls, the pooler at [CLS] (BERT's); "
+                  "mean, the last layer averaged over the input's tokens (what sentence-transformers checkpoints "
+                  "such as all-MiniLM-L6-v2 are trained for). Default: the checkpoint's own (a sentence-transformers "
+                  "folder's pooling config), else cls; a rerun or evaluation keeps the output_dir's.")
 bert_flags.define_long_input_flags()
 bert_flags.define_finetuning_flags()
 
@@ -54,7 +58,8 @@ def main(_):
     settings = bert_flags.finetune_settings()
     cfg = ClassifierRunConfig(
         task=task, data_dir=FLAGS.data_dir, long_inputs=FLAGS.long_inputs, doc_stride=FLAGS.doc_stride,
-        window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, **bert_flags.finetune_config_kwargs(settings))
+        window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, pooling=FLAGS.pooling,
+        **bert_flags.finetune_config_kwargs(settings))
     bert_flags.run_and_report(run, cfg, settings)
 
 

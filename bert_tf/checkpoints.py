@@ -443,6 +443,9 @@ def _hf_layout(model, label_list=None):
         return "BertForQuestionAnswering", "bert.", {}
     if isinstance(head, heads.MultipleChoiceHead):
         return "BertForMultipleChoice", "bert.", {}
+    if getattr(model, "pooling", "cls") != "cls":
+        raise CheckpointError("a classifier on the mean of its tokens (--pooling=mean) has no Hugging Face "
+                              "BertForSequenceClassification equivalent to write (that reads the pooler at [CLS])")
     if isinstance(head, (heads.ClassificationHead, heads.TokenTaggingHead)):
         num_labels = int(head.projection.output_weights.shape[0])
         labels = [str(x) for x in label_list] if label_list and len(label_list) == num_labels else None

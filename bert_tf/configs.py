@@ -317,6 +317,7 @@ class TaskRecord:
     doc_stride: Optional[int] = None
     window_aggregation: Optional[str] = None
     window_training: Optional[str] = None  # "each" window, or the "aggregate" of an input's windows
+    pooling: Optional[str] = None  # classifier: "mean" of the tokens; None: the pooler at [CLS]
     version_2_with_negative: Optional[bool] = None
     max_query_length: Optional[int] = None
 

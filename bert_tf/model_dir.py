@@ -239,11 +239,12 @@ def read(model_dir: str) -> Tuple[BertConfig, dict]:
 
 # ------------------------------------------------------------------ task type -> model
 def _classifier(encoder, record, skip_padding):
-    return BertClassifier(encoder, num_labels=len(record.label_list), skip_padding=skip_padding)
+    return BertClassifier(encoder, num_labels=len(record.label_list), skip_padding=skip_padding,
+                          pooling=record.pooling or "cls")
 
 
 def _regressor(encoder, record, skip_padding):
-    return BertClassifier(encoder, num_labels=1, skip_padding=skip_padding)
+    return BertClassifier(encoder, num_labels=1, skip_padding=skip_padding, pooling=record.pooling or "cls")
 
 
 def _span_labeler(encoder, record, skip_padding):

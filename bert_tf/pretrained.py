@@ -33,6 +33,7 @@ Dimensions: N texts, S max_seq_length, V vocab size.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import List, Optional, Sequence, Union
@@ -67,6 +68,8 @@ class Pretrained:
     fmt: "tf1" (original bert_model.ckpt), "hf" (Hugging Face folder or
     .safetensors), "ours" (a bert_tf checkpoint), or None (train from scratch).
     do_lower_case: what the source records about casing, or None.
+    pooling: "mean" or "cls" where the source says how it reads a sentence (a sentence-transformers
+    folder's pooling config, a bert_tf classifier's run info), else None.
     causal: the encoder attends left to right only (a model pretrained with
     --objective=ltr, as its bert_tf_info.json records); fine-tuning keeps the mask.
     """
@@ -77,6 +80,7 @@ class Pretrained:
     fmt: Optional[str]
     do_lower_case: Optional[bool]
     causal: bool = False
+    pooling: Optional[str] = None  # how the checkpoint reads a sentence, where it says (sentence_pooling)
 
     def build_encoder(self):
         """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
@@ -107,6 +111,22 @@ class Pretrained:
         return FastTokenizer(self.vocab_file, do_lower_case=do_lower_case)
 
 
+def sentence_pooling(folder: str) -> Optional[str]:
+    """How a sentence-transformers folder (modules.json naming a Pooling module) reads a sentence: "mean"
+    when its pooling config averages the tokens and nothing else, "cls" when it takes [CLS] only; None for
+    any other folder or mode (max, several at once), and for files that do not parse."""
+    try:
+        with open(os.path.join(folder, "modules.json"), encoding="utf-8") as f:
+            modules = json.load(f)
+        [path] = [m["path"] for m in modules if str(m.get("type", "")).endswith(".Pooling")]
+        with open(os.path.join(folder, path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        modes = {k[len("pooling_mode_"):] for k, v in config.items() if k.startswith("pooling_mode_") and v is True}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {frozenset({"mean_tokens"}): "mean", frozenset({"cls_token"}): "cls"}.get(frozenset(modes))
+
+
 def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optional[str] = None,
                        vocab_file: Optional[str] = None, require_vocab: bool = True) -> Pretrained:
     """Finds config, vocab and format for `init_checkpoint`, which may be:
@@ -123,6 +143,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     do_lower_case = None
     causal = False
     folder = None
+    pooling = None
     if init_checkpoint:
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
             try:  # its latest checkpoint, or an original download's bert_model.ckpt
@@ -143,6 +164,9 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
             do_lower_case = bool(info["do_lower_case"])
         elif fmt == "hf":
             do_lower_case = checkpoints.hf_do_lower_case(folder)
+        pooling = info.get("pooling", "cls" if info.get("task_type") in ("classification", "regression") else None)
+        if fmt == "hf":
+            pooling = sentence_pooling(folder)
 
     if bert_config_file:
         config = BertConfig.from_json_file(bert_config_file)
@@ -160,12 +184,12 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         elif require_vocab:
             raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
         else:  # pretraining reads token ids from its records
-            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal)
+            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal, pooling)
     try:
         check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
     except VocabError as e:
         raise FinetuneError(str(e)) from None
-    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal)
+    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal, pooling)
 
 
 def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:

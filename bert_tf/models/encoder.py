@@ -7,8 +7,10 @@ part of its output can ask for the same numbers with less work, by name:
   outputs_at(inputs, positions)  [B, S], [B, P] -> [B, H], [B, P, H]
                                  the last block at [CLS] and P positions only
   real_token_outputs(inputs)     call() with the dense layers on real tokens only
+  mean_output(inputs)            [B, S] ids -> [B, H]        the last block averaged over real tokens
+                                 (sentence-transformers' mean pooling; no pooler)
 
-The first two also skip padding unless told not to (`skip_padding=False`).
+pooled_output, outputs_at and mean_output also skip padding unless told not to (`skip_padding=False`).
 Skipping padding runs every dense layer, LayerNorm and dropout on the real
 tokens' rows (`bert_tf/layers/layout.py` TokenLayout.real_tokens; about 15% of
 the work on pretraining data); computing the last block at a few positions
@@ -193,6 +195,26 @@ class BertEncoder(keras.Model):
         out = last_block(rows, input_mask, training=training, layout=layout, query_rows=query_rows)  # [B * (1 + P), H]
         out = ops.reshape(out, (batch, ops.shape(positions)[1], self.config.hidden_size))  # [B, 1 + P, H]
         return {"pooled_output": self.pooler(out[:, 0, :]), "position_output": out[:, 1:, :]}
+
+    def mean_output(self, inputs, training=False, skip_padding=True, slots=None):
+        """[B, S] inputs -> [B, H]: the last block's output averaged over each input's real tokens, in float32
+        and then the compute dtype (the mean pooling sentence-transformers models are trained with; the
+        pooler is not used). Packed rows (sequence_ids) with `slots` K -> [B, K, H], each sequence's own
+        mean (zeros for an empty slot)."""
+        x, attention = self.embed(inputs, training=training)  # [B, S, H]
+        layout = (TokenLayout.real_tokens(token_mask(attention)) if skip_padding
+                  else TokenLayout.dense(ops.shape(x)[0], ops.shape(x)[1]))
+        rows = layout.to_rows(x)  # [T, H]
+        for block in self.blocks:
+            rows = block(rows, attention, training=training, layout=layout)  # [T, H]
+        x = ops.cast(layout.to_grid(rows), "float32")  # [B, S, H]
+        if slots is None:
+            weights = ops.cast(inputs["input_mask"], "float32")[:, :, None]  # [B, S, 1]
+            mean = ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+        else:  # sequence k of a row is sequence_ids == k (1..K); padding is 0, whose one_hot(-1) is all zeros
+            member = ops.one_hot(ops.cast(inputs["sequence_ids"], "int32") - 1, slots, dtype="float32")  # [B, S, K]
+            mean = ops.einsum("bsk,bsh->bkh", member, x) / ops.maximum(ops.sum(member, axis=1), 1.0)[:, :, None]
+        return ops.cast(mean, self.compute_dtype)
 
     def real_token_outputs(self, inputs, training=False):
         """call() with the dense layers on real tokens only: the same outputs at real positions and

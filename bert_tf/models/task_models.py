@@ -46,19 +46,30 @@ class _EncoderModel:
 
 
 
+# How a pooled model reads an input: "cls", the pooler at [CLS] (BERT's), or "mean", the last block averaged
+# over the input's real tokens (what sentence-transformers checkpoints such as all-MiniLM-L6-v2 are trained for).
+POOLINGS = ("cls", "mean")
+
+
 class _PooledModel(keras.Model):
     """A model that reads only the pooled output: its encoder computes the last block at [CLS] only
     and, with `skip_padding` (the default), the dense layers on real tokens only (BertEncoder.pooled_output;
     the same numbers). Skipping padding gives a shape that changes from batch to batch: XLA-compiled
-    training builds its model with skip_padding=False."""
+    training builds its model with skip_padding=False. pooling="mean" reads BertEncoder.mean_output instead."""
 
-    def __init__(self, encoder: BertEncoder, skip_padding: bool = True, **kwargs):
+    def __init__(self, encoder: BertEncoder, skip_padding: bool = True, pooling: str = "cls", **kwargs):
         super().__init__(**kwargs)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         self.encoder = encoder
         self.skip_padding = skip_padding
+        self.pooling = pooling
 
     def pooled_output(self, inputs, training=False):
         """[B, S] inputs -> [B, H]; packed rows (with cls_positions [B, K]) -> [B, K, H], each example's own."""
+        if self.pooling == "mean":
+            slots = inputs["cls_positions"].shape[1] if "cls_positions" in inputs else None
+            return self.encoder.mean_output(inputs, training=training, skip_padding=self.skip_padding, slots=slots)
         if "cls_positions" not in inputs:
             return self.encoder.pooled_output(inputs, training=training, skip_padding=self.skip_padding)
         outputs = self.encoder.outputs_at(inputs, inputs["cls_positions"], training=training,
@@ -68,13 +79,14 @@ class _PooledModel(keras.Model):
 
 @keras.saving.register_keras_serializable(package="bert_tf")
 class BertClassifier(_EncoderModel, _PooledModel):
-    """Sentence(-pair) classification; `num_labels=1` is regression (STS-B). -> logits [B, L]."""
+    """Sentence(-pair) classification; `num_labels=1` is regression (STS-B). -> logits [B, L].
+    pooling: POOLINGS, what the head reads ("cls": the pooler at [CLS]; "mean": the tokens' mean)."""
 
-    _CONFIG_FIELDS = ("num_labels", "skip_padding")
+    _CONFIG_FIELDS = ("num_labels", "skip_padding", "pooling")
 
     def __init__(self, encoder: BertEncoder, num_labels: int, name: str = "bert_classifier",
-                 skip_padding: bool = True, **kwargs):
-        super().__init__(encoder, skip_padding, name=name, **kwargs)
+                 skip_padding: bool = True, pooling: str = "cls", **kwargs):
+        super().__init__(encoder, skip_padding, pooling, name=name, **kwargs)
         self.num_labels = num_labels
         self.head = ClassificationHead(num_labels, encoder.config.hidden_size, encoder.config.initializer_range)
         self.head.build()

@@ -16,6 +16,10 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
   the model scores them all and the loss is taken on their aggregation (aggregate_slots), so the
   gradient reaches the window that decides (with max, only it), as in multiple-instance learning.
 
+What the head reads (`pooling`, resolve_pooling): the pooler at [CLS] as BERT does, or the mean of the last
+layer's tokens, which a sentence-transformers checkpoint (all-MiniLM-L6-v2) was trained for and which its
+folder's pooling config asks for; bert_tf_info.json records "mean".
+
 Dimensions: B inputs, K window slots, S max_seq_length, L labels.
 """
 
@@ -29,8 +33,10 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import model_dir
 from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
+from bert_tf.models.task_models import POOLINGS
 from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
@@ -55,6 +61,22 @@ class ClassifierRunConfig(FinetuneConfig):
     doc_stride: int = 128  # windows: each starts this many word pieces after the previous one
     window_aggregation: str = "mean"  # windows: "mean", "max", "logmeanexp", "any" or "first" of the windows' logits
     window_training: Optional[str] = None  # windows: "each" or "aggregate"; None: the aggregation's default
+    pooling: Optional[str] = None  # "cls" or "mean" (POOLINGS); None: resolve_pooling's choice
+
+def resolve_pooling(asked: Optional[str], output_dir: str, pretrained) -> str:
+    """The pooling of a classifier run: that of the run output_dir already holds (a rerun, an evaluation),
+    else `asked`, else the starting checkpoint's own (Pretrained.pooling: a sentence-transformers folder
+    that averages its tokens says "mean"), else "cls". Asking for another than the held run's is one line."""
+    if asked is not None and asked not in POOLINGS:
+        raise FinetuneError(f"--pooling must be one of {', '.join(POOLINGS)}, got {asked!r}")
+    info = read_run_info(output_dir)
+    held = (info.get("pooling") or "cls") if info.get("task_type") in ("classification", "regression") and \
+        model_dir.has_checkpoint(output_dir) else None
+    if held and asked and asked != held:
+        raise FinetuneError(f"{output_dir}: holds a run trained with --pooling={held}, not {asked}; "
+                            "use a new --output_dir")
+    return held or asked or pretrained.pooling or "cls"
+
 
 # A masked slot's logit before max and logmeanexp: far below any real one, finite so no inf - inf appears.
 EMPTY_SLOT_LOGIT = -1e9
@@ -130,6 +152,7 @@ class ClassifierTask(FinetuneTask):
             self.not_packable = "--window_training=aggregate keeps each input's windows together in slots"
         self.spec = cfg.task
         self.task_type = "regression" if self.spec.is_regression else "classification"
+        self.pooling = cfg.pooling or "cls"  # resolved in setup
         if self.windows and cfg.window_aggregation == "any" and self.spec.is_regression:
             raise FinetuneError("--window_aggregation=any needs labels (the first meaning 'found nowhere'); "
                                 "this task is a regression")
@@ -145,8 +168,10 @@ class ClassifierTask(FinetuneTask):
             read_run_info(self.cfg.output_dir).get("window_training")
         windows = dict(doc_stride=self.cfg.doc_stride, window_aggregation=self.cfg.window_aggregation) \
             if self.windows else {}
+        self.pooling = resolve_pooling(self.cfg.pooling, self.cfg.output_dir, pretrained)
         return TaskRecord(self.task_type, task=self.spec.name, label_list=tuple(self.spec.labels or ()),
-                          long_inputs=self.cfg.long_inputs, window_training=trained, **windows)
+                          long_inputs=self.cfg.long_inputs, window_training=trained, **windows,
+                          pooling="mean" if self.pooling == "mean" else None)
 
     def featurize(self, split, tokenizer):
         examples = self.spec.read_examples(self.cfg.data_dir, split)
@@ -209,7 +234,8 @@ class ClassifierTask(FinetuneTask):
         logger.info("wrote test_results%s.tsv and %s (%d examples)", suffix, os.path.basename(path), len(data.examples))
 
     def summary(self):
-        summary = {"task": self.spec.name, "labels": ", ".join(self.spec.labels or ["(regression)"])}
+        summary = {"task": self.spec.name, "labels": ", ".join(self.spec.labels or ["(regression)"]),
+                   "reads": "the mean of the last layer's tokens" if self.pooling == "mean" else "the pooler at [CLS]"}
         if self.windows:
             training = ("each weighted 1/windows of its input" if self.window_training == "each" else
                         "trained on their aggregate, an input's windows in one row of slots")
@@ -226,4 +252,5 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     return run_finetuning(task, cfg)
 
 
-__all__ = ["ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss", "run", "slot_logits"]
+__all__ = ["ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss", "resolve_pooling", "run",
+           "slot_logits"]
