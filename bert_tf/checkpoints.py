@@ -609,6 +609,9 @@ def convert_checkpoint(
                                    info.get("label_list"))
 
 
+    if output_format == "tf1" and getattr(model, "pooling", "cls") != "cls":
+        raise CheckpointError(f"{input_path}: a classifier on the mean of its tokens (--pooling=mean) has no original "
+                              "TF1 equivalent to write (the original classifier reads the pooler at [CLS])")
     folder = os.path.dirname(output_path)
     if folder:
         tf.io.gfile.makedirs(folder)

@@ -266,6 +266,14 @@ def test_mean_pooling_trains_is_recorded_and_stays_with_the_output_dir(tiny_mode
         text_a=tf.constant(sentences), text_b=tf.constant([""] * len(sentences)))
     np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
 
+    # Hugging Face's and the original's classifiers read [CLS]: converting this one to them is one line.
+    from bert_tf.checkpoints import CheckpointError, convert_checkpoint
+
+    for output_format, name in (("hf", "Hugging Face BertForSequenceClassification"), ("tf1", "original TF1")):
+        with pytest.raises(CheckpointError, match=rf"mean of its tokens \(--pooling=mean\) has no {name} "):
+            convert_checkpoint(str(out), str(tmp_path / output_format / "model"), output_format)
+        assert not (tmp_path / output_format).exists()
+
 
 def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     """A sentence-transformers folder says how it reads a sentence (modules.json -> its Pooling config): mean
