@@ -427,6 +427,14 @@ HF_CONFIG_FILE = "config.json"
 OUTPUT_FORMATS = ("ours", "tf1", "hf")
 
 
+def require_cls_pooling(model, target: str) -> None:
+    """One line for a classifier that reads the mean of its tokens (BertClassifier pooling="mean"): `target`'s
+    classifiers read the pooler at [CLS], so its weights there would give other numbers."""
+    if getattr(model, "pooling", "cls") != "cls":
+        raise CheckpointError(f"a classifier on the mean of its tokens (--pooling=mean) has no {target} "
+                              "equivalent to write (that reads the pooler at [CLS])")
+
+
 def _hf_layout(model, label_list=None):
     """(transformers class name, name prefix of the encoder, extra config.json keys) for `model`."""
 
@@ -443,9 +451,7 @@ def _hf_layout(model, label_list=None):
         return "BertForQuestionAnswering", "bert.", {}
     if isinstance(head, heads.MultipleChoiceHead):
         return "BertForMultipleChoice", "bert.", {}
-    if getattr(model, "pooling", "cls") != "cls":
-        raise CheckpointError("a classifier on the mean of its tokens (--pooling=mean) has no Hugging Face "
-                              "BertForSequenceClassification equivalent to write (that reads the pooler at [CLS])")
+    require_cls_pooling(model, "Hugging Face BertForSequenceClassification")
     if isinstance(head, (heads.ClassificationHead, heads.TokenTaggingHead)):
         num_labels = int(head.projection.output_weights.shape[0])
         labels = [str(x) for x in label_list] if label_list and len(label_list) == num_labels else None
@@ -607,11 +613,8 @@ def convert_checkpoint(
         casing = info.get("do_lower_case")
         return write_hf_checkpoint(model, output_path, vocab_file, None if casing is None else bool(casing),
                                    info.get("label_list"))
-
-
-    if output_format == "tf1" and getattr(model, "pooling", "cls") != "cls":
-        raise CheckpointError(f"{input_path}: a classifier on the mean of its tokens (--pooling=mean) has no original "
-                              "TF1 equivalent to write (the original classifier reads the pooler at [CLS])")
+    if output_format == "tf1":
+        require_cls_pooling(model, "original TF1")
     folder = os.path.dirname(output_path)
     if folder:
         tf.io.gfile.makedirs(folder)

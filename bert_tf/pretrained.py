@@ -164,9 +164,8 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
             do_lower_case = bool(info["do_lower_case"])
         elif fmt == "hf":
             do_lower_case = checkpoints.hf_do_lower_case(folder)
-        pooling = info.get("pooling", "cls" if info.get("task_type") in ("classification", "regression") else None)
-        if fmt == "hf":
-            pooling = sentence_pooling(folder)
+        pooling = sentence_pooling(folder) if fmt == "hf" else \
+            info.get("pooling", "cls" if info.get("task_type") in ("classification", "regression") else None)
 
     if bert_config_file:
         config = BertConfig.from_json_file(bert_config_file)

@@ -63,6 +63,7 @@ class ClassifierRunConfig(FinetuneConfig):
     window_training: Optional[str] = None  # windows: "each" or "aggregate"; None: the aggregation's default
     pooling: Optional[str] = None  # "cls" or "mean" (POOLINGS); None: resolve_pooling's choice
 
+
 def resolve_pooling(asked: Optional[str], output_dir: str, pretrained) -> str:
     """The pooling of a classifier run: that of the run output_dir already holds (a rerun, an evaluation),
     else `asked`, else the starting checkpoint's own (Pretrained.pooling: a sentence-transformers folder
