@@ -57,6 +57,8 @@ flags.DEFINE_integer("doc_stride", 96, "Pieces between window starts.")
 flags.DEFINE_integer("batch", 32, "Windows per training batch (documents per batch under aggregate: this / "
                      "the mean windows per document).")
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
+flags.DEFINE_float("head_learning_rate", None, "The classifier head's peak learning rate (run_classifier.py "
+                   "--head_learning_rate); default: --learning_rate.")
 flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
 flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads (run_classifier.py --pooling); "
@@ -217,6 +219,7 @@ def main(_):
     tokenizer = FullTokenizer(os.path.join(folder, "vocab.txt"), do_lower_case=True)
     settings = RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
                            train=TrainSettings(learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
+                                               head_learning_rate=FLAGS.head_learning_rate,
                                                iterations_per_loop=50, save_checkpoints_steps=100_000))
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     results = []

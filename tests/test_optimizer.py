@@ -118,15 +118,15 @@ def _grouping_variables():
     return [(n, rng.normal(size=s).astype(np.float32)) for n, s in zip(names, shapes, strict=True)]
 
 
-def _run_steps(name, max_group_elements, strategy=None, in_function=True):
+def _run_steps(name, max_group_elements, strategy=None, in_function=True, peak=0.01, learning_rate_scales=None):
     """Five updates (apply None / True / False with NaN grads / True / None, varying grad_scale) of
     the grouping variables; -> (variables, slots, iterations) as NumPy, and the optimizer."""
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         variables = [tf.Variable(x, name=n) for n, x in _grouping_variables()]
         cls = opt.AdamWeightDecay if name == "adamw" else opt.Lamb
-        optimizer = cls(variables, opt.WarmupLinearDecay(0.01, 10, 2), weight_decay_rate=0.01,
-                        max_group_elements=max_group_elements)
+        optimizer = cls(variables, opt.WarmupLinearDecay(peak, 10, 2), weight_decay_rate=0.01,
+                        max_group_elements=max_group_elements, learning_rate_scales=learning_rate_scales)
 
     def step(grads, apply, scale):
         optimizer.apply_gradients(grads, apply=apply, grad_scale=scale)
@@ -171,6 +171,29 @@ def test_grouped_update_is_the_per_variable_update(name, where):
     # (None, a tensor) over the five steps: nothing retraces.
     assert not np.array_equal(w[3], _grouping_variables()[3][1])
     assert grouped.group_tracing_count() == 2 * 5
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+@pytest.mark.parametrize("max_group_elements", [0, 16])
+@pytest.mark.parametrize("where", ["function", "one_device"])
+def test_a_variables_learning_rate_scale_is_a_schedule_that_many_times_higher(name, max_group_elements, where):
+    kwargs = {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0")} if where == "one_device" else {}
+    scales = [1.0, 1.0, 1.0, 20.0, 20.0, 1.0, 1.0]  # c/kernel and c/bias: a head at 20x the rate
+    (w, slots, _), _ = _run_steps(name, max_group_elements, learning_rate_scales=scales, **kwargs)
+    (w_base, slots_base, _), _ = _run_steps(name, max_group_elements, **kwargs)
+    (w_high, slots_high, _), _ = _run_steps(name, max_group_elements, peak=0.2, **kwargs)
+    for i, scale in enumerate(scales):
+        want, moments = (w_high, slots_high) if scale > 1 else (w_base, slots_base)
+        np.testing.assert_allclose(w[i], want[i], rtol=1e-6, atol=1e-7, err_msg=f"variable {i}")
+        np.testing.assert_array_equal(slots["m"][i], moments["m"][i])
+    assert not np.allclose(w_high[3], w_base[3], atol=1e-3)  # the scale matters for the scaled variables
+
+
+def test_learning_rate_scales_must_be_one_positive_number_per_variable():
+    variables = [tf.Variable(x, name=n) for n, x in _grouping_variables()]
+    for scales in ([1.0] * 6, [1.0] * 6 + [0.0]):
+        with pytest.raises(ValueError, match="learning_rate_scales must be 7 positive numbers"):
+            opt.AdamWeightDecay(variables, opt.WarmupLinearDecay(0.01, 10, 0), learning_rate_scales=scales)
 
 
 def test_apply_false_keeps_everything_but_the_step_count():

@@ -179,6 +179,46 @@ def test_bad_config_is_one_line():
         loop.TrainSettings(mixed_precision="fp8").validate(1, train_steps=1, global_batch_size=8)
 
 
+class _Headed(tf.keras.Model):
+    """The toy model with a task model's `head` attribute (what TrainSettings.head_learning_rate reaches)."""
+
+    def __init__(self):
+        super().__init__(name="headed")
+        init = tf.keras.initializers.Constant(0.05)
+        self.body = tf.keras.layers.Dense(8, kernel_initializer=init, name="hidden")
+        self.head = tf.keras.layers.Dense(1, kernel_initializer=init, name="out")
+        self.build((None, 4))
+
+    def build(self, shape):
+        self.body.build(shape)
+        self.head.build((None, 8))
+
+    def call(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("head_learning_rate", [None, 0.2])
+def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
+    settings = loop.TrainSettings(learning_rate=0.01, head_learning_rate=head_learning_rate, iterations_per_loop=3,
+                                  save_checkpoints_steps=6)
+    trainer = loop.Trainer(strategy_lib.get_strategy("one_device"), settings, _Headed, loss_fn,  # noqa: F821
+                           settings.optimizer_fn(6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)
+    paths = [v.path for v in trainer.model.trainable_variables]
+    scales = dict(zip(paths, trainer.optimizer._lr_scales, strict=True))
+    if head_learning_rate is None:
+        assert set(scales.values()) == {1.0}
+        assert "peak learning rate 0.01, weight decay 0.01" in trainer.run_summary()
+    else:
+        assert scales == pytest.approx({p: 20.0 if "/out/" in p else 1.0 for p in paths})
+        assert sum(x == 20.0 for x in scales.values()) == 2  # the head's kernel and bias
+        assert "peak learning rate 0.01 (the head's 0.2), weight decay 0.01" in trainer.run_summary()
+    assert trainer.hparams()["head_learning_rate"] == pytest.approx(head_learning_rate or 0.01)
+    trainer.train(dataset_fn)  # noqa: F821
+    assert int(trainer.global_step) == 6
+    with pytest.raises(ValueError, match="head_learning_rate must be positive, got 0.0"):
+        loop.TrainSettings(head_learning_rate=0.0).validate(1, train_steps=1, global_batch_size=8)
+
+
 def test_strategy_errors_are_one_line(monkeypatch):
     with pytest.raises(strategy_lib.StrategyError, match="needs --tpu_name"):
         strategy_lib.get_strategy("tpu")

@@ -99,6 +99,10 @@ class TrainSettings:
     """
 
     learning_rate: float = 5e-5
+    # The task head's peak rate (the model's `head`, e.g. a classifier's output layer), on the same
+    # warmup and decay; None: learning_rate. A fresh head on a small-scale feature (a mean-pooled
+    # sentence encoder) barely moves at an encoder's rate (docs/finetuning.md).
+    head_learning_rate: Optional[float] = None
     optimizer: str = "adamw"
     weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
     clip_norm: float = optimizer_lib.CLIP_NORM
@@ -117,6 +121,8 @@ class TrainSettings:
         """One-line ValueErrors for settings a run of `train_steps` x `global_batch_size` cannot use."""
         if train_steps <= 0:
             raise ValueError(f"num_train_steps must be positive, got {train_steps}")
+        if self.head_learning_rate is not None and not self.head_learning_rate > 0:
+            raise ValueError(f"head_learning_rate must be positive, got {self.head_learning_rate}")
         if self.iterations_per_loop <= 0:
             raise ValueError(f"iterations_per_loop must be positive, got {self.iterations_per_loop}")
         if self.save_checkpoints_steps <= 0:
@@ -148,11 +154,18 @@ class TrainSettings:
             keras.utils.set_random_seed(self.seed)
 
     def optimizer_fn(self, train_steps: int, warmup_steps: int) -> Callable:
-        """(trainable variables) -> the optimizer: warmup then linear decay to 0 at `train_steps`."""
+        """(trainable variables, head variables) -> the optimizer: warmup then linear decay to 0 at
+        `train_steps`; the head's variables (a subset, matched by path) at head_learning_rate when set."""
 
-        def make(variables):
+        def make(variables, head_variables=()):
+            scales = None
+            if self.head_learning_rate is not None and head_variables:
+                head = {optimizer_lib.variable_path(v) for v in head_variables}
+                factor = self.head_learning_rate / self.learning_rate
+                scales = [factor if optimizer_lib.variable_path(v) in head else 1.0 for v in variables]
             return optimizer_lib.create_optimizer(self.optimizer, variables, self.learning_rate, train_steps,
-                                                  warmup_steps, weight_decay_rate=self.weight_decay_rate)
+                                                  warmup_steps, weight_decay_rate=self.weight_decay_rate,
+                                                  learning_rate_scales=scales)
 
         return make
 
@@ -169,7 +182,8 @@ class Trainer:
       settings: TrainSettings (how to train).
       model_fn: () -> built keras.Model (called under the strategy scope and dtype policy).
       loss_fn: (model, batch, training) -> (loss, metrics dict); see the module docstring.
-      optimizer_fn: (trainable variables) -> a bert_tf.training.optimizer optimizer.
+      optimizer_fn: (trainable variables) -> a bert_tf.training.optimizer optimizer; with
+        settings.head_learning_rate, (trainable variables, the model's head's variables).
       init_fn: optional (model) -> None, run only when model_dir has no checkpoint
         (e.g. load --init_checkpoint).
       model_dir: checkpoints, summaries; resumed from when it holds a checkpoint.
@@ -203,7 +217,11 @@ class Trainer:
         self.is_chief = strategy_lib.is_chief(strategy)
         with strategy.scope(), dtype_policy(settings.mixed_precision):
             self.model = model_fn()
-            self.optimizer = optimizer_fn(self.model.trainable_variables)
+            head = getattr(self.model, "head", None)
+            if settings.head_learning_rate is not None and head is not None:
+                self.optimizer = optimizer_fn(self.model.trainable_variables, head.trainable_variables)
+            else:
+                self.optimizer = optimizer_fn(self.model.trainable_variables)
             self.loss_scale = LossScale() if settings.mixed_precision == "float16" else None
         self.global_step = self.optimizer.iterations
         items = dict(model=self.model, optimizer=self.optimizer)
@@ -251,7 +269,9 @@ class Trainer:
         its global batch, steps and replicas, the model's size, and `extra` (the runner's: sequence
         length, packing, task...). Values are numbers, booleans or strings."""
         c = self.settings
-        values = dict(learning_rate=c.learning_rate, optimizer=c.optimizer, weight_decay_rate=c.weight_decay_rate,
+        values = dict(learning_rate=c.learning_rate,
+                      head_learning_rate=c.learning_rate if c.head_learning_rate is None else c.head_learning_rate,
+                      optimizer=c.optimizer, weight_decay_rate=c.weight_decay_rate,
                       clip_norm=c.clip_norm, precision=c.mixed_precision, jit_compile=c.jit_compile,
                       gradient_accumulation_steps=c.gradient_accumulation_steps, seed=-1 if c.seed is None else c.seed,
                       train_batch_size=self.global_batch_size, train_steps=self.train_steps,
@@ -308,6 +328,9 @@ class Trainer:
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}"
             + (f", XLA cache: {xla_cache.current()}" if xla_cache.current() else ""),
+            f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
+            + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")
+            + f", weight decay {c.weight_decay_rate:g}",
         ]
         for key, value in (extra or {}).items():
             lines.append(f"{key}: {value}")
