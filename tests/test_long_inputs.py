@@ -12,6 +12,7 @@ from bert_tf.tasks import TaskDataError, glue
 from bert_tf.tasks.windows import (
     DEFAULT_WINDOW_TRAINING,
     aggregate_windows,
+    any_start_bias,
     check_window_settings,
     doc_spans_for,
     window_weights,
@@ -146,6 +147,24 @@ def test_windows_in_slots_keep_each_inputs_windows_together():
         windows_in_slots(arrays, window_example, ("label_ids",), slots=2)
     with pytest.raises(ValueError, match="windows must come in input order"):
         windows_in_slots(arrays, [0, 1, 0, 1, 2, 2], ("label_ids",))
+
+
+@pytest.mark.parametrize("labels", [2, 3])
+def test_the_any_start_bias_gives_the_first_label_its_share_of_the_inputs(labels):
+    """Every window scoring the start bias alone (a fresh head's weights are ~0): the noisy-OR of n windows gives
+    the first label the share asked, where zero logits would give it 0.5 ** n (2 labels, 8 windows: 0.004)."""
+    for share in (0.5, 0.2, 0.9):
+        for n in (1, 2, 8):
+            bias = any_start_bias(share, n, labels)
+            logits = np.tile(bias, (n, 1))
+            p_first = np.exp(aggregate_windows(logits, [0] * n, 1, "any"))[0, 0] if n > 1 else \
+                np.exp(bias[0]) / np.exp(bias).sum()
+            assert p_first == pytest.approx(share, rel=1e-5), (share, n)
+            np.testing.assert_array_equal(bias[1:], 0.0)
+    assert np.exp(aggregate_windows(np.zeros((8, labels)), [0] * 8, 1, "any"))[0, 0] < 0.01 * labels
+    assert any_start_bias(0.0, 8, labels)[0] == any_start_bias(0.01, 8, labels)[0]  # clipped: a finite bias
+    with pytest.raises(ValueError, match="'any' needs two or more labels, got 1"):
+        any_start_bias(0.5, 8, 1)
 
 
 def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
@@ -306,6 +325,30 @@ def windows_model(tiny_model, tmp_path_factory):
     results = _run(tiny_model, data, out, do_train=True, do_eval=True, num_train_epochs=20, long_inputs="windows",
                    doc_stride=ROOM, window_aggregation="max")
     return data, out, results["dev"]["eval_accuracy"]
+
+
+@pytest.mark.parametrize("aggregation", ["any", "max"])
+def test_a_fresh_head_trained_on_the_any_aggregate_starts_at_the_datas_share(tiny_model, tmp_path, aggregation):
+    """Training on the aggregate under any, the head's bias starts at any_start_bias of the training inputs
+    (here 3 of 4 "no", 3 windows each); under max it starts at zero. A learning rate of ~0 keeps the start."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    rows = [(_doc(rng, 3 * ROOM), "no") for _ in range(24)] + \
+        [(_doc(rng, 3 * ROOM, int(rng.integers(ROOM, 3 * ROOM))), "yes") for _ in range(8)]
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    share = 24 / 32
+    _write_split(tmp_path / "train.tsv", rows)
+    _write_split(tmp_path / "dev.tsv", rows[:8])
+    out = tmp_path / "out"
+    _run(tiny_model, tmp_path, out, learning_rate=1e-12, do_train=True, num_train_epochs=1, long_inputs="windows",
+         doc_stride=ROOM, window_aggregation=aggregation, window_training="aggregate")
+    reader = tf.train.load_checkpoint(str(out))
+    [name] = [n for n, _ in tf.train.list_variables(str(out)) if "output_bias" in n and "OPTIMIZER" not in n]
+    want = any_start_bias(share, 3, 2) if aggregation == "any" else np.zeros(2, np.float32)
+    np.testing.assert_allclose(reader.get_tensor(name), want, atol=1e-6)
+    if aggregation == "any":
+        assert want[0] == pytest.approx(np.log(share ** (1 / 3) / (1 - share ** (1 / 3))), rel=1e-5)
 
 
 def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,

@@ -44,6 +44,7 @@ from bert_tf.serving.windows import any_outputs
 from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
     aggregate_windows,
+    any_start_bias,
     check_window_settings,
     window_training_for,
     window_weights,
@@ -195,6 +196,19 @@ class ClassifierTask(FinetuneTask):
             return Featurized(examples, slots, len(examples), window_example=np.asarray(window_example))
         arrays["example_weights"] = window_weights(window_example)
         return Featurized(examples, arrays, len(features), window_example=np.asarray(window_example))
+
+    def start_head(self, model, train):
+        """Training on the aggregate under "any": the head's bias starts where the noisy-OR gives the first label
+        its share of the training inputs (bert_tf.tasks.windows.any_start_bias)."""
+        if self.window_training != "aggregate" or self.cfg.window_aggregation != "any":
+            return
+        real = train.arrays["is_real_example"] > 0
+        share = float(np.mean(train.arrays["label_ids"][real] == 0))
+        windows = float(train.arrays["window_mask"][real].sum(axis=1).mean())
+        bias = any_start_bias(share, windows, len(self.spec.labels))
+        model.head.projection.output_bias.assign(bias)
+        logger.info("any: the head starts with bias %s (%.0f%% of the training inputs are %r, %.1f windows each)",
+                    np.array2string(bias, precision=3), 100 * share, self.spec.labels[0], windows)
 
     def loss(self, model, batch, training):
         return classification_loss(model, batch, training, window_aggregation=self.cfg.window_aggregation)

@@ -173,7 +173,10 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
 
     # 3. the Trainer on the task model, from the pretrained weights or output_dir's checkpoint
     def model_fn():
-        return pretrained.build_model(record, skip_padding=not jit)
+        model = pretrained.build_model(record, skip_padding=not jit)
+        if train is not None:
+            task.start_head(model, train)
+        return model
 
     trainer = make_trainer(settings, out, model_fn, task.loss, num_train_steps=num_train_steps,
                            global_batch_size=cfg.train_batch_size, warmup_proportion=cfg.warmup_proportion)

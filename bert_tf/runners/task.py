@@ -86,6 +86,10 @@ class FinetuneTask:
     def featurize(self, split: str, tokenizer) -> Featurized:
         raise NotImplementedError
 
+    def start_head(self, model, train: Featurized) -> None:
+        """A freshly built model's head before the starting weights load (they replace it where the checkpoint
+        holds a head, as a resumed run's checkpoint does): nothing by default."""
+
     def loss(self, model, batch, training):
         """(scalar loss, {name: (value, weight)}) of one batch: the Trainer's loss_fn."""
         raise NotImplementedError

@@ -152,6 +152,25 @@ def any_windows(logits: np.ndarray, window_example: np.ndarray, num_examples: in
     return out
 
 
+def any_start_bias(first_label_share: float, windows_per_input: float, num_labels: int) -> np.ndarray:
+    """float32 [num_labels]: the output bias a fresh head starts with when training on the aggregate under "any",
+    so that the noisy-OR of an input's windows starts at the training data's share of the first label
+    ("found nowhere") rather than at ~1 - 0.5 ** windows for every input.
+
+    With zero logits every window says "found" with probability (L-1)/L, and the product over ~8 windows says
+    "found" for every input: the first steps' loss on each "nowhere" input is large and pushes every window of
+    the encoder toward "nowhere" at once (the cold start of a sparse positive class, as RetinaNet's prior
+    initialisation answers). Here each window says the first label with q = share ** (1 / windows_per_input)
+    and the other labels share the rest equally; the share is clipped to [0.01, 0.99]."""
+    if num_labels < 2:
+        raise ValueError(f"window aggregation 'any' needs two or more labels, got {num_labels}")
+    share = min(max(float(first_label_share), 0.01), 0.99)
+    q = share ** (1.0 / max(float(windows_per_input), 1.0))
+    bias = np.zeros(num_labels, np.float32)
+    bias[0] = np.log(q / (1.0 - q)) + np.log(num_labels - 1)
+    return bias
+
+
 def window_training_for(aggregation: str, training: Optional[str]) -> str:
     """The window training a run uses: `training`, or DEFAULT_WINDOW_TRAINING of the aggregation."""
     return training or DEFAULT_WINDOW_TRAINING[aggregation]
