@@ -102,9 +102,15 @@ def fill(rng, pool, pieces, doc_pieces):
 def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, max_evidence):
     """n balanced (text, label) documents of `background` sentences; a "yes" one has one of `candidates`
     (at most max_evidence pieces; each used once, again only when there are fewer than "yes" documents) in
-    place of a sentence that starts in its second half."""
+    place of a sentence that starts in its second half, a "no" one there a background sentence as long as a
+    random evidence sentence (the nearest length there is): the evidence is shorter than the average verse, so
+    without that control "yes" documents would be shorter (7.6 windows against 7.9 on average), a signal no
+    model should be able to use."""
     pieces = {v: count_pieces(v) for v in background + candidates}
     evidence = [v for v in candidates if pieces[v] <= max_evidence]
+    by_length = {}
+    for v in background:
+        by_length.setdefault(pieces[v], []).append(v)
     rng.shuffle(evidence)
     evidence *= -(-(n // 2 + 1) // len(evidence))  # enough for every "yes" document
     labels = [i % 2 for i in range(n)]
@@ -112,10 +118,14 @@ def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, m
     docs = []
     for label in labels:
         verses = fill(rng, background, pieces, doc_pieces)
+        starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
+        second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
         if label:
-            starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
-            second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
             verses[rng.choice(second_half)] = evidence.pop()
+        else:
+            target = pieces[rng.choice(evidence)]
+            length = min(by_length, key=lambda k: (abs(k - target), k))
+            verses[rng.choice(second_half)] = rng.choice(by_length[length])
         docs.append((" ".join(verses), "yes" if label else "no"))
     return docs
 

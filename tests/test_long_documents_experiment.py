@@ -63,3 +63,25 @@ def test_auc_is_the_rank_statistic():
     assert result.returncode == 0, result.stderr[-2000:]
     # ties count half
     assert result.stdout.split() == ["0.75", "0.5", "0.0", "0.75"]
+
+
+def test_yes_and_no_needle_documents_are_equally_long():
+    """A "no" document gets a background sentence as long as an evidence sentence where a "yes" one gets the
+    evidence, so length tells nothing: synthetic sentences of 5-60 words, evidence of 5-31 (a verse is ~32
+    on average, so replacing one with evidence alone would make "yes" documents ~14 words shorter)."""
+    code = (
+        "import random, sys; sys.path.insert(0, 'experiments'); from long_documents import needle_documents\n"
+        "rng = random.Random(0)\n"
+        "background = [' '.join(['b%d' % i] * rng.randint(5, 60)) for i in range(500)]\n"
+        "evidence = [' '.join(['e%d' % i] * rng.randint(5, 31)) for i in range(300)]\n"
+        "docs = needle_documents(rng, background, evidence, lambda t: len(t.split()), 2000, 700, 31)\n"
+        "for label in ('yes', 'no'):\n"
+        "    texts = [t for t, l in docs if l == label]\n"
+        "    words = [len(t.split()) for t in texts]\n"
+        "    print(label, len(texts), sum(words) / len(words), sum(' e' in ' ' + t for t in texts))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in result.stdout.splitlines()}
+    assert stats["yes"][0] == stats["no"][0] == 1000
+    assert stats["yes"][2] == 1000 and stats["no"][2] == 0  # the evidence is in every "yes" document only
+    assert abs(stats["yes"][1] - stats["no"][1]) < 1.5, stats
