@@ -296,9 +296,10 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("predict_batch_size", eval_batch_size, "Total batch size for predict.")
     flags.DEFINE_float("num_train_epochs", num_train_epochs, "Total number of training epochs to perform.")
     flags.DEFINE_float("warmup_proportion", 0.1, "Proportion of training for linear learning rate warmup.")
-    flags.DEFINE_float("head_learning_rate", None, "The peak learning rate of the task head (the new output "
-                       "layer), on the same warmup and decay. Default: --learning_rate (the original). A head on "
-                       "mean-pooled features (--pooling=mean) learns faster at ~20x, e.g. 1e-3.")
+    flags.DEFINE_float("head_learning_rate", None, "The peak learning rate of the task head (its output layer), "
+                       "on the same warmup and decay. Default: --learning_rate (the original), and 100x it for a "
+                       "classifier that reads the mean of the tokens (--pooling=mean), whose small features leave "
+                       "a head at the encoder's rate nearly still.")
     flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every N steps during training and keep the "
                          "best model in <output_dir>/best. Default with --do_train --do_eval: at the end of each "
                          "epoch; 0: only at the end.")

@@ -7,8 +7,9 @@ run_classifier's library (bert_tf.runners.classifier.run):
   needle  "contains X somewhere": every document is Old Testament verses; a positive one has one modern
           English sentence (from experiments/data/jargon_sentences.txt: the Jargon File's lexicon, each
           a different one, at most --max_evidence_pieces long, so it fits in one window) in place of a
-          verse at a random place in its second half, past the first window. Train and dev draw their
-          evidence from different halves of the file, so no evidence sentence is seen twice.
+          verse at a random place in its second half, past the first window; a negative one has an Old
+          Testament verse as long as an evidence sentence there, so both are equally long. Train and dev
+          draw their evidence from different halves of the file, so no evidence sentence is seen twice.
   needle_nt  the same with a New Testament verse as the evidence (train and dev from the testament
           task's train.tsv and dev.tsv): a much weaker signal, one verse whose testament the encoder
           tells apart alone only ~80% of the time, among ~23 verses.
@@ -58,7 +59,7 @@ flags.DEFINE_integer("batch", 32, "Windows per training batch (documents per bat
                      "the mean windows per document).")
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
 flags.DEFINE_float("head_learning_rate", None, "The classifier head's peak learning rate (run_classifier.py "
-                   "--head_learning_rate); default: --learning_rate.")
+                   "--head_learning_rate); default: run_classifier's (100x --learning_rate for mean pooling).")
 flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
 flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads (run_classifier.py --pooling); "

@@ -31,6 +31,7 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model, tmp_pat
                                             "--num_train_epochs=4", "--learning_rate=1e-3",
                                             "--iterations_per_loop=6", "--eval_every_steps=12"))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "optimizer: adamw, peak learning rate 0.001, weight decay 0.01" in result.stderr  # [CLS]: one rate
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert set(results) == {"eval_accuracy", "eval_loss", "global_step"}
     assert int(results["global_step"]) == 24  # 48 examples / 8 * 4 epochs
@@ -243,6 +244,8 @@ def test_mean_pooling_trains_is_recorded_and_stays_with_the_output_dir(tiny_mode
                                             "--pooling=mean", "--num_train_epochs=4", "--learning_rate=1e-3",
                                             f"--export_dir={export_dir}"))
     assert result.returncode == 0, result.stderr[-3000:]
+    # A head on the mean learns at MEAN_POOLING_HEAD_LR_SCALE x --learning_rate unless --head_learning_rate is given.
+    assert "optimizer: adamw, peak learning rate 0.001 (the head's 0.1), weight decay 0.01" in result.stderr
     assert json.loads((out / "bert_tf_info.json").read_text())["pooling"] == "mean"
     trained = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert float(trained["eval_accuracy"]) >= 0.9, trained
@@ -304,6 +307,14 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "modules.json").write_text("[{")
     assert sentence_pooling(str(tmp_path / "broken")) is None
+
+    from bert_tf.runners.common import head_rate_for
+    from bert_tf.training.loop import TrainSettings
+
+    mean, cls = SimpleNamespace(pooling="mean"), SimpleNamespace(pooling=None)  # a TaskRecord's pooling
+    assert head_rate_for(mean, TrainSettings(learning_rate=5e-5)).head_learning_rate == pytest.approx(5e-3)
+    assert head_rate_for(mean, TrainSettings(learning_rate=5e-5, head_learning_rate=1e-4)).head_learning_rate == 1e-4
+    assert head_rate_for(cls, TrainSettings(learning_rate=5e-5)).head_learning_rate is None
 
     empty = str(tmp_path / "new_run")
     assert resolve_pooling(None, empty, SimpleNamespace(pooling="mean")) == "mean"

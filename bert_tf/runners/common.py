@@ -37,11 +37,17 @@ from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tokenization import load_vocab
 from bert_tf.training.auxiliary_lm import with_auxiliary_lm
-from bert_tf.training.loop import Trainer
+from bert_tf.training.loop import Trainer, TrainSettings
 
 logger = logging.getLogger("bert_tf.runners")
 
 BEST_RESULTS = "best_eval_results.txt"
+# A head reading the mean of the last layer's tokens (--pooling=mean) learns at this many times --learning_rate
+# unless --head_learning_rate says otherwise. The mean is a small feature (all-MiniLM-L6-v2: norm ~2 over 384
+# units, ~0.08 per unit from window to window), so a fresh head at an encoder's rate barely moves in an epoch:
+# on that model's frozen window means, a head alone trained 400 steps at 5e-5 stayed at chance
+# (docs/finetuning.md has the measurements behind 100).
+MEAN_POOLING_HEAD_LR_SCALE = 100.0
 PACKED_INPUTS = PACKED_INPUT_NAMES + ("cls_positions",)  # what a packed task model reads
 
 
@@ -114,6 +120,15 @@ def pack_split(task: FinetuneTask, split: str, data: Featurized, settings: RunSe
     return data
 
 
+def head_rate_for(record, train: TrainSettings) -> TrainSettings:
+    """`train` with the head's rate a run of `record` uses: --head_learning_rate when given, else
+    MEAN_POOLING_HEAD_LR_SCALE x the learning rate for a head on the mean of the tokens (record.pooling "mean"),
+    else the learning rate (None: the original's one rate)."""
+    if record.pooling != "mean" or train.head_learning_rate is not None:
+        return train
+    return dataclasses.replace(train, head_learning_rate=MEAN_POOLING_HEAD_LR_SCALE * train.learning_rate)
+
+
 def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, loss_fn: Callable, *,
                  num_train_steps: int, global_batch_size: int, warmup_proportion: float) -> Trainer:
     """A Trainer whose fresh model starts from `settings.pretrained` (a resumed run from output_dir).
@@ -144,6 +159,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     pretrained = settings.pretrained
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
     model_dir.check_matches(out, record, pretrained.config)
+    settings = dataclasses.replace(settings, train=head_rate_for(record, settings.train))
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
     check_packing(task, settings)
