@@ -107,6 +107,11 @@ def _unless_skipped(apply, new_var, new_slots, var, slots):
     return tf.where(apply, new_var, var), [tf.where(apply, n, s) for n, s in zip(new_slots, slots, strict=True)]
 
 
+def _times(lr, scale: float):
+    """lr * a variable's learning-rate scale (no multiply for the common 1.0)."""
+    return lr if scale == 1.0 else lr * scale
+
+
 def _unwrap(variable):
     """The tf.Variable behind a Keras variable (what strategy.extended.update expects)."""
     if hasattr(variable, "value") and not isinstance(variable, tf.Variable):
@@ -268,7 +273,7 @@ class _SlotOptimizer(tf.Module):
         self.iterations.assign_add(1)
 
     def _scaled_lr(self, lr, i):
-        return lr if self._lr_scales[i] == 1.0 else lr * self._lr_scales[i]
+        return _times(lr, self._lr_scales[i])
 
     def _update(self, var, grad, lr, grad_scale, apply, decay, *slots):
         new_var, new_slots = self._fused_update(tf.convert_to_tensor(var), tf.cast(grad, tf.float32), grad_scale, lr,
@@ -300,8 +305,7 @@ class _SlotOptimizer(tf.Module):
         new_vars, new_slots = [], [[] for _ in slots]
         for j, (var, grad, decay, scale) in enumerate(zip(variables, grads, decays, scales, strict=True)):
             old_slots = [slot[j] for slot in slots]
-            new_var, values = self._scaled_update(var, grad, grad_scale, lr if scale == 1.0 else lr * scale, decay,
-                                                  *old_slots)
+            new_var, values = self._scaled_update(var, grad, grad_scale, _times(lr, scale), decay, *old_slots)
             new_var, values = _unless_skipped(apply, new_var, values, var, old_slots)
             new_vars.append(new_var)
             for out, value in zip(new_slots, values, strict=True):
