@@ -234,9 +234,11 @@ def define_long_input_flags():
                       "text contain X anywhere'), each class's log(mean(exp)) (a soft max), 'any' (the first label only when "
                       "every window says it: a noisy-OR, for 'contains X' with the first label meaning absent), or "
                       "the first window's.")
-    flags.DEFINE_enum("window_training", None, ["each", "aggregate"], "--long_inputs=windows: train on each "
-                      "window alone with its input's label, or on the aggregate of an input's windows (the loss "
-                      "on --window_aggregation of their logits, so the window that decides gets the gradient). "
+    flags.DEFINE_enum("window_training", None, ["each", "aggregate", "each_then_aggregate"], "--long_inputs=windows: "
+                      "train on each window alone with its input's label, on the aggregate of an input's windows "
+                      "(the loss on --window_aggregation of their logits, so the window that decides gets the "
+                      "gradient), or each window for --num_train_epochs and then the aggregate for a quarter of "
+                      "that, from the first stage's model (kept in <output_dir>/each_window). "
                       "Default: aggregate for any, each for the others (measured: docs/finetuning.md).")
 
 

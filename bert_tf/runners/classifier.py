@@ -14,7 +14,10 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
   long input weighs what a short one does;
 - "aggregate": a row is one input with its windows in K slots (bert_tf.tasks.windows.windows_in_slots),
   the model scores them all and the loss is taken on their aggregation (aggregate_slots), so the
-  gradient reaches the window that decides (with max, only it), as in multiple-instance learning.
+  gradient reaches the window that decides (with max, only it), as in multiple-instance learning;
+- "each_then_aggregate": two stages in one run (run_each_then_aggregate): "each" into
+  output_dir/each_window, then "aggregate" from that model into output_dir for EACH_THEN_AGGREGATE_SHARE of
+  the epochs, the batch holding about as many windows as the first stage's.
 
 What the head reads (`pooling`, resolve_pooling): the pooler at [CLS] as BERT does, or the mean of the last
 layer's tokens, which a sentence-transformers checkpoint (all-MiniLM-L6-v2) was trained for and which its
@@ -37,12 +40,13 @@ from bert_tf import model_dir
 from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
-from bert_tf.pretrained import FinetuneError
+from bert_tf.pretrained import FinetuneError, resolve_pretrained
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.serving.windows import any_outputs
 from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
+    EACH_THEN_AGGREGATE_SHARE,
     aggregate_windows,
     any_start_bias,
     check_window_settings,
@@ -61,7 +65,7 @@ class ClassifierRunConfig(FinetuneConfig):
     long_inputs: str = "truncate"  # or "windows"
     doc_stride: int = 128  # windows: each starts this many word pieces after the previous one
     window_aggregation: str = "mean"  # windows: "mean", "max", "logmeanexp", "any" or "first" of the windows' logits
-    window_training: Optional[str] = None  # windows: "each" or "aggregate"; None: the aggregation's default
+    window_training: Optional[str] = None  # windows: "each", "aggregate" or "each_then_aggregate"; None: the default
     pooling: Optional[str] = None  # "cls" or "mean" (POOLINGS); None: resolve_pooling's choice
 
 
@@ -144,14 +148,19 @@ def classification_loss(model, batch, training, window_aggregation: str = "mean"
 class ClassifierTask(FinetuneTask):
     """One GLUE-style task: logits [N, L] (L = 1: regression) over the pooled output."""
 
-    def __init__(self, cfg: ClassifierRunConfig):
+    def __init__(self, cfg: ClassifierRunConfig, recorded_training: Optional[str] = None):
+        """recorded_training: what bert_tf_info.json says the model was trained by, when not this run's
+        window_training alone (the aggregate stage of each_then_aggregate)."""
         check_window_settings(cfg.long_inputs, cfg.doc_stride, cfg.window_aggregation, cfg.window_training)
         self.cfg = cfg
         self.windows = cfg.long_inputs == "windows"
         self.window_training = window_training_for(cfg.window_aggregation, cfg.window_training) \
             if self.windows else None
-        if self.window_training == "aggregate":
-            self.not_packable = "--window_training=aggregate keeps each input's windows together in slots"
+        self.recorded_training = recorded_training or self.window_training
+        if self.window_training in ("aggregate", "each_then_aggregate"):
+            self.not_packable = (f"--window_training={self.window_training} keeps each input's windows together "
+                                 "in slots")
+        self._train: Optional[Featurized] = None  # the train split, featurized once
         self.spec = cfg.task
         self.task_type = "regression" if self.spec.is_regression else "classification"
         self.pooling = cfg.pooling or "cls"  # resolved in setup
@@ -166,7 +175,7 @@ class ClassifierTask(FinetuneTask):
         self.primary_metric = {"mcc": "eval_mcc", "pearson_spearman": "eval_corr",
                                "f1_accuracy": "eval_acc_and_f1"}.get(self.spec.metric, "eval_accuracy")
         # How the model was trained on windows: this run's when it trains, else what the training run recorded.
-        trained = self.window_training if self.cfg.do_train else \
+        trained = self.recorded_training if self.cfg.do_train else \
             read_run_info(self.cfg.output_dir).get("window_training")
         windows = dict(doc_stride=self.cfg.doc_stride, window_aggregation=self.cfg.window_aggregation) \
             if self.windows else {}
@@ -176,6 +185,14 @@ class ClassifierTask(FinetuneTask):
                           pooling="mean" if self.pooling == "mean" else None)
 
     def featurize(self, split, tokenizer):
+        if split == "train" and self._train is not None:
+            return self._train
+        data = self._featurize(split, tokenizer)
+        if split == "train":
+            self._train = data
+        return data
+
+    def _featurize(self, split, tokenizer):
         examples = self.spec.read_examples(self.cfg.data_dir, split)
         if not examples:
             raise FinetuneError(f"{os.path.join(self.cfg.data_dir, self.spec.split(split).filename)}: no examples")
@@ -254,6 +271,8 @@ class ClassifierTask(FinetuneTask):
         if self.windows:
             training = ("each weighted 1/windows of its input" if self.window_training == "each" else
                         "trained on their aggregate, an input's windows in one row of slots")
+            if self.recorded_training == "each_then_aggregate":
+                training += f", from the model trained on each window ({EACH_WINDOW_DIR}/)"
             summary["long inputs"] = (f"windows every {self.cfg.doc_stride} word pieces, {training}; "
                                       f"{self.cfg.window_aggregation} of their logits per input")
         return summary
@@ -262,10 +281,47 @@ class ClassifierTask(FinetuneTask):
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
     task = ClassifierTask(cfg)
-    if task.window_training == "aggregate" and cfg.do_train and cfg.run is not None and cfg.run.aux_lm_weight:
-        raise FinetuneError("--aux_lm_weight cannot be combined with --window_training=aggregate")
+    if task.window_training in ("aggregate", "each_then_aggregate") and cfg.do_train and cfg.run is not None \
+            and cfg.run.aux_lm_weight:
+        raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
+    if task.window_training == "each_then_aggregate" and cfg.do_train:
+        return run_each_then_aggregate(cfg)
     return run_finetuning(task, cfg)
 
 
-__all__ = ["ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss", "resolve_pooling", "run",
-           "slot_logits"]
+# each_then_aggregate: where the first stage's model goes, inside output_dir.
+EACH_WINDOW_DIR = "each_window"
+
+
+def run_each_then_aggregate(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
+    """--window_training=each_then_aggregate: two stages in one run, each resumable on its own.
+
+    1. each window alone for num_train_epochs into output_dir/each_window (a complete model directory;
+       no evaluation, no prediction): windows without the evidence learn little, the evidence's well;
+    2. from that model, the aggregate of each input's windows for EACH_THEN_AGGREGATE_SHARE x num_train_epochs
+       into output_dir, with train_batch_size / (the mean windows per input) inputs per batch, about the
+       windows of a first-stage batch; evaluation, prediction and the export read this model. On the needle
+       task this stage set the threshold the first left off (docs/finetuning.md).
+    A rerun finds both stages' checkpoints and trains what is left."""
+    first = os.path.join(cfg.output_dir, EACH_WINDOW_DIR)
+    logger.info("each_then_aggregate, stage 1 of 2: each window alone for %g epoch(s) -> %s",
+                cfg.num_train_epochs, first)
+    each = dataclasses.replace(cfg, output_dir=first, window_training="each", do_eval=False, do_predict=False,
+                               eval_every_steps=0)
+    run_finetuning(ClassifierTask(each), each)
+
+    pretrained = resolve_pretrained(first)
+    aggregate = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained),
+                                    window_training="aggregate",
+                                    num_train_epochs=cfg.num_train_epochs * EACH_THEN_AGGREGATE_SHARE)
+    task = ClassifierTask(aggregate, recorded_training="each_then_aggregate")
+    train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
+    windows = float(train.arrays["window_mask"].sum(axis=1).mean())
+    batch = max(1, round(cfg.train_batch_size / windows))
+    logger.info("each_then_aggregate, stage 2 of 2: their aggregate for %g epoch(s) from %s, %d inputs per batch "
+                "(%.1f windows each) -> %s", aggregate.num_train_epochs, first, batch, windows, cfg.output_dir)
+    return run_finetuning(task, dataclasses.replace(aggregate, train_batch_size=batch))
+
+
+__all__ = ["EACH_WINDOW_DIR", "ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss",
+           "resolve_pooling", "run", "run_each_then_aggregate", "slot_logits"]

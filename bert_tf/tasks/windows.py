@@ -29,8 +29,13 @@ AGGREGATIONS = ("mean", "max", "logmeanexp", "any", "first")
 ANY_FLOOR = 1e-30
 # How a model on windows trains: "each" window alone with its input's label (weighted 1 / windows of its
 # input), or on the "aggregate" of its input's windows (multiple-instance learning: the loss is taken on the
-# aggregated output, so the gradient reaches the windows that decide it).
-WINDOW_TRAINING = ("each", "aggregate")
+# aggregated output, so the gradient reaches the windows that decide it), or "each_then_aggregate": each window
+# for --num_train_epochs, then the aggregate for EACH_THEN_AGGREGATE_SHARE of that from the model it made (one
+# run, two stages; bert_tf.runners.classifier.run_each_then_aggregate).
+WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate")
+# each_then_aggregate: the aggregate stage's epochs as a share of the each-window stage's. On the needle task
+# (docs/finetuning.md) a quarter epoch of the aggregate set the each-window model's threshold.
+EACH_THEN_AGGREGATE_SHARE = 0.25
 # The default per aggregation, the one that measured better (docs/finetuning.md, "Texts longer than
 # --max_seq_length"): on the tests' marker task each window alone learned at every data seed (0.88-1.00)
 # while the aggregate under max and logmeanexp collapsed to chance at some (max: 2 of 5 seeds); "any" on
