@@ -183,6 +183,11 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
         ["each", "each", "each", "aggregate", "each"]
     assert task("max").window_training == "each" and task("max").not_packable == ""
     assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
+    assert task("any", "each_then_aggregate").not_packable.startswith(
+        "--window_training=each_then_aggregate keeps each input's")
+    with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
+                                         r"got 'both'$"):
+        task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
 
@@ -349,6 +354,52 @@ def test_a_fresh_head_trained_on_the_any_aggregate_starts_at_the_datas_share(tin
     np.testing.assert_allclose(reader.get_tensor(name), want, atol=1e-6)
     if aggregation == "any":
         assert want[0] == pytest.approx(np.log(share ** (1 / 3) / (1 - share ** (1 / 3))), rel=1e-5)
+
+
+def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_one_resumable_run(
+        tiny_model, tmp_path, caplog):
+    """--window_training=each_then_aggregate: 2 epochs of each window alone (32 documents of 3 windows, 16 windows
+    a batch: 12 steps) into out/each_window, then half an epoch (a quarter of 2) of their aggregate under any from
+    that model, round(16 / 3) = 5 documents a batch (3 steps), into out. The second stage starts from the first's
+    head, not from the fresh any start; only out is evaluated; a rerun trains nothing and scores the same."""
+    import logging
+
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+
+    rng = np.random.default_rng(5)
+    _write_split(tmp_path / "train.tsv", _long_task_split(rng, 32))
+    _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
+    out = tmp_path / "out"
+    first = out / EACH_WINDOW_DIR
+    kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
+              window_aggregation="any", window_training="each_then_aggregate")
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        results = _run(tiny_model, tmp_path, out, **kw)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_aggregate, stage")]
+    assert lines == [f"each_then_aggregate, stage 1 of 2: each window alone for 2 epoch(s) -> {first}",
+                     f"each_then_aggregate, stage 2 of 2: their aggregate for 0.5 epoch(s) from {first}, 5 inputs "
+                     f"per batch (3.0 windows each) -> {out}"], lines
+    assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-3")
+    assert json.loads((first / "bert_tf_info.json").read_text())["window_training"] == "each"
+    assert json.loads((out / "bert_tf_info.json").read_text())["window_training"] == "each_then_aggregate"
+    assert (out / "eval_results.txt").is_file() and not (first / "eval_results.txt").exists()
+
+    def bias(folder):
+        [name] = [n for n, _ in tf.train.list_variables(str(folder)) if "output_bias" in n and "OPTIMIZER" not in n]
+        return tf.train.load_checkpoint(str(folder)).get_tensor(name)
+
+    # 3 steps at <= 1e-3 move a weight by ~1e-2 at most (the original's AdamW has no bias correction: its first
+    # steps are up to ~3x the rate); a fresh head would start at the any bias (~1.35, 0).
+    assert np.abs(bias(out) - bias(first)).max() < 0.05, (bias(out), bias(first))
+    assert np.abs(bias(out) - any_start_bias(0.5, 3, 2)).max() > 1.0
+    again = _run(tiny_model, tmp_path, out, **kw)
+    assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-3")
+    assert again["dev"]["eval_accuracy"] == results["dev"]["eval_accuracy"]
+    assert again["dev"]["eval_loss"] == pytest.approx(results["dev"]["eval_loss"], rel=1e-5)
 
 
 def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,

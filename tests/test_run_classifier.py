@@ -164,6 +164,11 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
         (["--num_train_epochs=0"], "--num_train_epochs must be > 0, got 0.0"),
         (["--long_inputs=windows", "--window_training=aggregate", "--pack_sequences"],
          "--pack_sequences does not apply here: --window_training=aggregate keeps each input's windows together"),
+        # refused before the first stage trains, not after it
+        (["--long_inputs=windows", "--window_training=each_then_aggregate", "--pack_sequences"],
+         "--pack_sequences does not apply here: --window_training=each_then_aggregate keeps each input's windows"),
+        (["--long_inputs=windows", "--window_training=each_then_aggregate", "--aux_lm_weight=0.1"],
+         "--aux_lm_weight cannot be combined with --window_training=each_then_aggregate"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):

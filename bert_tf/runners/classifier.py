@@ -41,7 +41,7 @@ from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
 from bert_tf.pretrained import FinetuneError, resolve_pretrained
-from bert_tf.runners.common import mean_xent, run_finetuning, softmax
+from bert_tf.runners.common import check_packing, mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.serving.windows import any_outputs
 from bert_tf.tasks import glue
@@ -285,6 +285,8 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training == "each_then_aggregate" and cfg.do_train:
+        if cfg.run is not None:
+            check_packing(task, cfg.run)  # before the first stage trains, which alone could pack
         return run_each_then_aggregate(cfg)
     return run_finetuning(task, cfg)
 
