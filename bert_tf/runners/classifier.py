@@ -168,9 +168,13 @@ class ClassifierTask(FinetuneTask):
             raise FinetuneError("--window_aggregation=any needs labels (the first meaning 'found nowhere'); "
                                 "this task is a regression")
 
-    def setup(self, pretrained):
+    def _infer_labels(self):
+        """A user task without --labels: its label set, read from the training file (once)."""
         if self.spec.labels is not None and not self.spec.labels:
             self.spec = glue.infer_labels(self.spec, self.cfg.data_dir)
+
+    def setup(self, pretrained):
+        self._infer_labels()
         self.eval_splits, self.predict_splits = self.spec.eval_splits, self.spec.test_splits
         self.primary_metric = {"mcc": "eval_mcc", "pearson_spearman": "eval_corr",
                                "f1_accuracy": "eval_acc_and_f1"}.get(self.spec.metric, "eval_accuracy")
@@ -193,6 +197,7 @@ class ClassifierTask(FinetuneTask):
         return data
 
     def _featurize(self, split, tokenizer):
+        self._infer_labels()
         examples = self.spec.read_examples(self.cfg.data_dir, split)
         if not examples:
             raise FinetuneError(f"{os.path.join(self.cfg.data_dir, self.spec.split(split).filename)}: no examples")
@@ -216,8 +221,10 @@ class ClassifierTask(FinetuneTask):
 
     def start_head(self, model, train):
         """Training on the aggregate under "any": the head's bias starts where the noisy-OR gives the first label
-        its share of the training inputs (bert_tf.tasks.windows.any_start_bias)."""
-        if self.window_training != "aggregate" or self.cfg.window_aggregation != "any":
+        its share of the training inputs (bert_tf.tasks.windows.any_start_bias). Not in each_then_aggregate's
+        second stage, whose head is the first stage's."""
+        if self.window_training != "aggregate" or self.cfg.window_aggregation != "any" or \
+                self.recorded_training == "each_then_aggregate":
             return
         real = train.arrays["is_real_example"] > 0
         share = float(np.mean(train.arrays["label_ids"][real] == 0))
