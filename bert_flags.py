@@ -155,8 +155,8 @@ def _exit(code):
 
 
 def fail(message: str):
-    """Exits with one line naming the problem (the house rule for bad input)."""
-    logging.getLogger("bert_tf").error(message)
+    """Exits with one line naming the problem (the house rule for bad input): `error: <message>` on stderr,
+    once (not also as a log line)."""
     _exit(f"error: {message}")
 
 

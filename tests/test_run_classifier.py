@@ -179,6 +179,7 @@ def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, ext
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and last.startswith("error: "), result.stderr[-2000:]
+    assert result.stderr.count(message) == 1, result.stderr[-2000:]  # once: not also as a log line
     assert (out / "keep.txt").read_text() == "precious"
     assert not (out / "eval_results.txt").exists()
 
