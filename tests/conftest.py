@@ -93,6 +93,32 @@ def float32_tolerance(magnitude: float, summed_terms: int) -> float:
 TINY_PROB_TOLERANCE = 0.05
 
 
+# Makes a training step's allocation fail for real: the loss adds a tile of 2^40 floats (4 TiB), which no
+# allocator can give (the error TensorFlow raises for a batch too large for a GPU). `patch`: Python lines that
+# put `too_big(<the real loss>)` in the real loss's place; the script and its flags follow `python -c`.
+_OUT_OF_MEMORY_BOOTSTRAP = """
+import runpy, sys
+sys.path.insert(0, {repo!r})
+import tensorflow as tf
+def too_big(real_loss):
+    def loss(model, batch, training):
+        value, metrics = real_loss(model, batch, training)
+        if training:
+            huge = tf.tile(tf.cast(batch["input_ids"][:1, :4], tf.float32), [2 ** 20, 2 ** 18])
+            value += tf.minimum(tf.reduce_sum(huge), 0.0)  # 0 (ids are >= 0), which no compiler can know
+        return value, metrics
+    return loss
+{patch}
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def out_of_memory_command(patch: str, script: str, *flags) -> list:
+    """[python, -c, <bootstrap>, script, *flags]: `script` run with its training loss made too big to allocate."""
+    return [sys.executable, "-c", _OUT_OF_MEMORY_BOOTSTRAP.format(repo=str(REPO), patch=patch), str(script), *flags]
+
+
 def half_precision_matmul_crashes() -> str:
     """Why this process cannot run bfloat16/float16 matmuls, or "" when it can.
 

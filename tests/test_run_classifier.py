@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, shared_path
+from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, out_of_memory_command, shared_path
 
 DATA = TESTDATA / "classifier"
 
@@ -103,24 +103,9 @@ def test_xla_default_shapes_are_few_and_score_as_padded(tiny_model, tmp_path):
     assert abs(float(padded["eval_loss"]) - float(bucketed["eval_loss"])) < 1e-5
 
 
-# Makes the training step's allocation fail for real: the loss adds a tile of 2^40 floats (4 TiB), which
-# no allocator can give (the error TensorFlow raises for a batch too large for a GPU).
-OUT_OF_MEMORY_BOOTSTRAP = """
-import runpy, sys
-sys.path.insert(0, {repo!r})
-import tensorflow as tf
-from bert_tf.runners import classifier
-real_loss = classifier.classification_loss
-def loss(model, batch, training):
-    value, metrics = real_loss(model, batch, training)
-    if training:
-        huge = tf.tile(tf.cast(batch["input_ids"][:1, :4], tf.float32), [2 ** 20, 2 ** 18])
-        value += tf.minimum(tf.reduce_sum(huge), 0.0)  # 0 (ids are >= 0), which no compiler can know
-    return value, metrics
-classifier.ClassifierTask.loss = staticmethod(loss)
-sys.argv = ["run_classifier.py"] + sys.argv[1:]
-runpy.run_path({script!r}, run_name="__main__")
-"""
+# The classifier's loss, too big to allocate (conftest.out_of_memory_command).
+CLASSIFIER_TOO_BIG = ("from bert_tf.runners import classifier\n"
+                      "classifier.ClassifierTask.loss = staticmethod(too_big(classifier.classification_loss))")
 
 
 @pytest.mark.parametrize("xla", [True, False])
@@ -129,9 +114,9 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
     out.mkdir()
     (out / "keep.txt").write_text("precious")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    bootstrap = OUT_OF_MEMORY_BOOTSTRAP.format(repo=str(REPO), script=str(REPO / "run_classifier.py"))
-    result = subprocess.run([sys.executable, "-c", bootstrap, *user_task_args(tiny_model, out, "--do_train"),
-                             f"--jit_compile={xla}", "--gradient_accumulation_steps=2"],
+    result = subprocess.run(out_of_memory_command(CLASSIFIER_TOO_BIG, REPO / "run_classifier.py",
+                                                  *user_task_args(tiny_model, out, "--do_train"),
+                                                  f"--jit_compile={xla}", "--gradient_accumulation_steps=2"),
                             capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import out_of_memory_command
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job
@@ -304,3 +305,25 @@ def test_the_pretrainer_skips_padding_unless_xla_compiled(tmp_path, jit_compile)
                                num_warmup_steps=0, train=TrainSettings(jit_compile=jit_compile))
     trainer = build_trainer(config, strategy_lib.get_strategy("one_device"))
     assert trainer.model.skip_padding is not jit_compile
+
+
+
+# The pretraining loss, too big to allocate (conftest.out_of_memory_command).
+PRETRAINING_TOO_BIG = ("from bert_tf.training import pretraining\n"
+                       "pretraining.pretraining_loss_fn = too_big(pretraining.pretraining_loss_fn)")
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_out_of_device_memory_is_one_line_and_writes_no_checkpoint(data, tmp_path, xla):
+    """A batch that does not fit (here a 4 TiB tensor in the loss) is one line naming the flags, as in
+    fine-tuning; no checkpoint is written."""
+    command = _command(data, tmp_path / "out", 4, num_warmup_steps=1, jit_compile=xla, gradient_accumulation_steps=2)
+    proc = _run(out_of_memory_command(PRETRAINING_TOO_BIG, *command[1:]))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("error: out of device memory in training on CPU:0: a batch of 8 sequences per replica x 32 "
+                    "tokens in float32 does not fit; lower it with --train_batch_size, "
+                    "--gradient_accumulation_steps (the same batch in micro-batches) or --mixed_precision "
+                    "(bfloat16; float16 on GPUs without bfloat16)"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "checkpoint").exists()

@@ -32,11 +32,11 @@ from bert_tf.model_dir import EVAL_DIR, write_eval_results
 from bert_tf.models.encoder import PACKED_INPUT_NAMES
 from bert_tf.pretrained import FinetuneError
 from bert_tf.runners import arrays, shapes
-from bert_tf.runners.device_memory import one_line_when_out_of_memory
 from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tokenization import load_vocab
 from bert_tf.training.auxiliary_lm import with_auxiliary_lm
+from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 from bert_tf.training.loop import Trainer, TrainSettings
 
 logger = logging.getLogger("bert_tf.runners")
@@ -207,7 +207,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     scored: Dict[str, Tuple] = {}  # split -> (step, metrics, decoded) of the latest prediction
     replicas = settings.strategy.num_replicas_in_sync
 
-    def out_of_memory(phase: str, global_batch: int):  # one line when a batch does not fit (device_memory.py)
+    def out_of_memory(phase: str, global_batch: int):  # one line when a batch does not fit (training/device_memory.py)
         per_replica = global_batch // (replicas * (settings.train.gradient_accumulation_steps if phase == "training"
                                                    else 1))
         return one_line_when_out_of_memory(phase, batch_per_replica=per_replica, seq_length=cfg.max_seq_length,
@@ -299,13 +299,6 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                     shapes.training_compile_text(trainer.loop_history, len(lengths.get("train", ())) or 1),
                     predictor.compile_seconds, predictor.traces)
     return results
-
-
-def device_name(strategy: tf.distribute.Strategy) -> str:
-    """The device a replica runs on, as TensorFlow names it ("GPU:0", "CPU:0"), and how many replicas."""
-    devices = strategy.extended.worker_devices
-    name = devices[0].rsplit("device:", 1)[-1]
-    return name if len(devices) == 1 else f"{name} and {len(devices) - 1} more replica device(s)"
 
 
 def batch_shapes_summary(train: Featurized, chosen: Optional[Tuple[int, ...]], cfg: FinetuneConfig) -> str:

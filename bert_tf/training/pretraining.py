@@ -48,6 +48,7 @@ from bert_tf.models.pretrainer import BertPretrainer
 from bert_tf.tokenization import VocabError, check_vocab_fits
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
+from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 
 logger = logging.getLogger("bert_tf.pretraining")
 
@@ -396,7 +397,7 @@ def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequen
                                max_predictions_per_seq=config.max_predictions_per_seq,
                                num_warmup_steps=config.num_warmup_steps, pack_sequences=config.pack_sequences))
     write_side_files = (lambda: _write_side_files(config)) if trainer.is_chief else None
-    with _naming_corrupt_files(train_files):
+    with _naming_corrupt_files(train_files), _out_of_memory(config, trainer, "training"):
         # One spelling per file: the saved input position names its files, and a rerun may spell the
         # same file another way (../data/x from another directory).
         files = [fileio.canonical_path(p) for p in train_files]
@@ -404,11 +405,23 @@ def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequen
                       before_first_save=write_side_files)
 
 
+def _out_of_memory(config: PretrainingConfig, trainer: loop.Trainer, phase: str):
+    """One line naming the flags when a batch does not fit (device_memory.one_line_when_out_of_memory)."""
+    replicas = trainer.strategy.num_replicas_in_sync
+    if phase == "training":
+        batch = config.train_batch_size // (replicas * config.train.gradient_accumulation_steps)
+    else:
+        batch = config.eval_batch_size // replicas
+    return one_line_when_out_of_memory(phase, batch_per_replica=max(batch, 1), seq_length=config.max_seq_length,
+                                       precision=config.train.mixed_precision, device=device_name(trainer.strategy),
+                                       unit="rows" if config.pack_sequences else "sequences")
+
+
 def _evaluate(config: PretrainingConfig, trainer: loop.Trainer, eval_files: Sequence[str]) -> Dict[str, float]:
     if not config.do_train:
         if trainer.restore() is None and not config.init_checkpoint:
             raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
-    with _naming_corrupt_files(eval_files):
+    with _naming_corrupt_files(eval_files), _out_of_memory(config, trainer, "evaluation"):
         results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False), config.eval_batch_size,
                                    steps=config.max_eval_steps)
     results = {k: results[k] for k in (*EVAL_KEYS, "global_step") if k in results}
