@@ -400,6 +400,10 @@ def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-3")
     assert again["dev"]["eval_accuracy"] == results["dev"]["eval_accuracy"]
     assert again["dev"]["eval_loss"] == pytest.approx(results["dev"]["eval_loss"], rel=1e-5)
+    # A folder that holds another training's run is refused before the first stage trains into it.
+    with pytest.raises(ValueError, match="holds a run with window_training='each', not 'each_then_aggregate'"):
+        _run(tiny_model, tmp_path, first, **kw)
+    assert not (first / EACH_WINDOW_DIR).exists()
 
 
 def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,

@@ -292,8 +292,15 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training == "each_then_aggregate" and cfg.do_train:
-        if cfg.run is not None:
-            check_packing(task, cfg.run)  # before the first stage trains, which alone could pack
+        if cfg.run is not None:  # what the second stage would refuse, refused before the first trains
+            check_packing(task, cfg.run)
+            pretrained = cfg.run.pretrained
+            record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
+            model_dir.check_matches(cfg.output_dir, record, pretrained.config)
+        held = read_run_info(cfg.output_dir).get("window_training")
+        if model_dir.has_checkpoint(cfg.output_dir) and held != "each_then_aggregate":
+            raise FinetuneError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
+                                "'each_then_aggregate'; use a new --output_dir")
         return run_each_then_aggregate(cfg)
     return run_finetuning(task, cfg)
 
