@@ -15,6 +15,7 @@ from bert_tf.tasks.windows import (
     any_start_bias,
     check_window_settings,
     doc_spans_for,
+    first_label_shift,
     window_weights,
     windows_in_slots,
 )
@@ -131,6 +132,35 @@ def test_aggregations_and_weights():
         check_window_settings("windows", 8, "max", "all")
 
 
+@pytest.mark.parametrize("aggregation", ["max", "any"])
+def test_the_first_label_shift_calibrates_windows_that_lean_toward_their_inputs_label(aggregation):
+    """Windows trained each alone: every window of a "yes" input leans "yes" (logit difference ~1), its evidence
+    window strongly (~5), and a "no" input's windows lean "yes" just as much (~1), so max and any call every
+    input "yes". The fitted shift of the "no" logit sets the threshold between the two; applied once, a second
+    fit finds nothing left to shift."""
+    rng = np.random.default_rng(0)
+    n, k = 60, 4
+    labels = np.arange(n) % 2
+    lean = rng.normal(1.0, 0.3, size=(n, k))
+    lean[labels == 1, rng.integers(0, k, size=n)[labels == 1]] = rng.normal(5.0, 0.3, size=(labels == 1).sum())
+    logits = np.stack([np.zeros(n * k), lean.ravel()], axis=1)  # [M, 2]: "no", "yes"
+    window_example = np.repeat(np.arange(n), k)
+
+    def accuracy(shift):
+        moved = logits.copy()
+        moved[:, 0] += shift
+        return np.mean(aggregate_windows(moved, window_example, n, aggregation).argmax(-1) == labels)
+
+    shift = first_label_shift(logits, window_example, labels, aggregation)
+    assert accuracy(0.0) == 0.5 and accuracy(shift) == 1.0, shift
+    assert 1.5 < shift < 6.0 and shift == pytest.approx(round(shift / 0.05) * 0.05)
+    calibrated = logits.copy()
+    calibrated[:, 0] += shift
+    assert abs(first_label_shift(calibrated, window_example, labels, aggregation)) <= 0.05
+    with pytest.raises(ValueError, match="calibration needs two or more labels"):
+        first_label_shift(logits[:, :1], window_example, labels, aggregation)
+
+
 def test_windows_in_slots_keep_each_inputs_windows_together():
     """Training on the aggregate: one row per input, its windows in the first slots, the rest zero and masked."""
     window_example = [0, 0, 0, 1, 2, 2]
@@ -186,7 +216,7 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"got 'both'$"):
+                                         r"each_then_calibrate, got 'both'$"):
         task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
@@ -404,6 +434,56 @@ def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_
     with pytest.raises(ValueError, match="holds a run with window_training='each', not 'each_then_aggregate'"):
         _run(tiny_model, tmp_path, first, **kw)
     assert not (first / EACH_WINDOW_DIR).exists()
+
+
+def test_each_then_calibrate_shifts_only_the_first_labels_bias_of_the_each_window_model(tiny_model, tmp_path,
+                                                                                          caplog):
+    """--window_training=each_then_calibrate: out/each_window trains 2 epochs of each window alone (12 steps); out
+    gets that model at the same step with only the "no" output bias moved, by the shift the log reports, and is
+    the one evaluated; a rerun trains and shifts nothing."""
+    import logging
+    import re
+
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+
+    rng = np.random.default_rng(5)
+    _write_split(tmp_path / "train.tsv", _long_task_split(rng, 32))
+    _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
+    out = tmp_path / "out"
+    first = out / EACH_WINDOW_DIR
+    kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
+              window_aggregation="max", window_training="each_then_calibrate")
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        results = _run(tiny_model, tmp_path, out, **kw)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_calibrate, stage")]
+    assert len(lines) == 2 and lines[0].startswith("each_then_calibrate, stage 1 of 2: each window alone"), lines
+    found = re.fullmatch(r"each_then_calibrate, stage 2 of 2: the 'no' logit of every window shifted by "
+                         r"([-+][\d.]+), fitted on the max of the windows of 32 training inputs -> (.*) \(step 12\)",
+                         lines[1])
+    assert found and found.group(2) == str(out), lines[1]
+    shift = float(found.group(1))
+    assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-12")
+    assert json.loads((out / "bert_tf_info.json").read_text())["window_training"] == "each_then_calibrate"
+    assert results["dev"]["global_step"] == 12 and (out / "eval_results.txt").is_file()
+    trained, calibrated = tf.train.load_checkpoint(str(first)), tf.train.load_checkpoint(str(out))
+    names = [n for n, _ in tf.train.list_variables(str(first)) if n.startswith("model/") and "OPTIMIZER" not in n]
+    assert len(names) > 20
+    for name in names:
+        want = trained.get_tensor(name)
+        if "output_bias" in name:
+            want = want + np.array([shift, 0.0], np.float32)
+        np.testing.assert_allclose(calibrated.get_tensor(name), want, atol=1e-6, err_msg=name)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        again = _run(tiny_model, tmp_path, out, **kw)
+    assert any(r.getMessage() == f"each_then_calibrate, stage 2 of 2: {out} holds the calibrated model"
+               for r in caplog.records)
+    np.testing.assert_array_equal(tf.train.load_checkpoint(str(out)).get_tensor(
+        [n for n in names if "output_bias" in n][0]), calibrated.get_tensor([n for n in names if "output_bias" in n][0]))
+    assert again["dev"] == results["dev"]
 
 
 def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,

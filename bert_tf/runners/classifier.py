@@ -15,9 +15,10 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
 - "aggregate": a row is one input with its windows in K slots (bert_tf.tasks.windows.windows_in_slots),
   the model scores them all and the loss is taken on their aggregation (aggregate_slots), so the
   gradient reaches the window that decides (with max, only it), as in multiple-instance learning;
-- "each_then_aggregate": two stages in one run (run_each_then_aggregate): "each" into
-  output_dir/each_window, then "aggregate" from that model into output_dir for EACH_THEN_AGGREGATE_SHARE of
-  the epochs, the batch holding about as many windows as the first stage's.
+- "each_then_aggregate" and "each_then_calibrate": two stages in one run (run_in_two_stages): "each" into
+  output_dir/each_window, then into output_dir from that model either "aggregate" for
+  EACH_THEN_AGGREGATE_SHARE of the epochs, or no training and the first label's bias shifted to fit the
+  aggregate of training inputs' windows (calibrate_first_label).
 
 What the head reads (`pooling`, resolve_pooling): the pooler at [CLS] as BERT does, or the mean of the last
 layer's tokens, which a sentence-transformers checkpoint (all-MiniLM-L6-v2) was trained for and which its
@@ -41,15 +42,18 @@ from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
 from bert_tf.pretrained import FinetuneError, resolve_pretrained
-from bert_tf.runners.common import check_packing, mean_xent, run_finetuning, softmax
+from bert_tf.runners import arrays
+from bert_tf.runners.common import check_packing, make_trainer, mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.serving.windows import any_outputs
 from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
+    CALIBRATION_INPUTS,
     EACH_THEN_AGGREGATE_SHARE,
     aggregate_windows,
     any_start_bias,
     check_window_settings,
+    first_label_shift,
     window_training_for,
     window_weights,
     windows_in_slots,
@@ -285,48 +289,58 @@ class ClassifierTask(FinetuneTask):
         return summary
 
 
+# The window trainings that run in two stages, the first training each window alone into EACH_WINDOW_DIR.
+TWO_STAGES = ("each_then_aggregate", "each_then_calibrate")
+# Where the first stage's model goes, inside output_dir.
+EACH_WINDOW_DIR = "each_window"
+
+
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
     task = ClassifierTask(cfg)
     if task.window_training in ("aggregate", "each_then_aggregate") and cfg.do_train and cfg.run is not None \
             and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
-    if task.window_training == "each_then_aggregate" and cfg.do_train:
+    if task.window_training in TWO_STAGES and cfg.do_train:
         if cfg.run is not None:  # what the second stage would refuse, refused before the first trains
             check_packing(task, cfg.run)
             pretrained = cfg.run.pretrained
             record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
             model_dir.check_matches(cfg.output_dir, record, pretrained.config)
         held = read_run_info(cfg.output_dir).get("window_training")
-        if model_dir.has_checkpoint(cfg.output_dir) and held != "each_then_aggregate":
+        if model_dir.has_checkpoint(cfg.output_dir) and held != task.window_training:
             raise FinetuneError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
-                                "'each_then_aggregate'; use a new --output_dir")
-        return run_each_then_aggregate(cfg)
+                                f"{task.window_training!r}; use a new --output_dir")
+        return run_in_two_stages(cfg, task.window_training)
     return run_finetuning(task, cfg)
 
 
-# each_then_aggregate: where the first stage's model goes, inside output_dir.
-EACH_WINDOW_DIR = "each_window"
-
-
-def run_each_then_aggregate(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
-    """--window_training=each_then_aggregate: two stages in one run, each resumable on its own.
+def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict[str, float]]:
+    """--window_training=each_then_aggregate or each_then_calibrate: two stages in one run, each resumable.
 
     1. each window alone for num_train_epochs into output_dir/each_window (a complete model directory;
-       no evaluation, no prediction): windows without the evidence learn little, the evidence's well;
-    2. from that model, the aggregate of each input's windows for EACH_THEN_AGGREGATE_SHARE x num_train_epochs
-       into output_dir, with train_batch_size / (the mean windows per input) inputs per batch, about the
-       windows of a first-stage batch; evaluation, prediction and the export read this model. On the needle
-       task this stage set the threshold the first left off (docs/finetuning.md).
-    A rerun finds both stages' checkpoints and trains what is left."""
+       no evaluation, no prediction): windows with the evidence learn it, but the others lean toward their
+       input's label too, so an aggregate such as max or any of them is badly calibrated;
+    2. into output_dir, from that model:
+       - each_then_aggregate: the aggregate of each input's windows for EACH_THEN_AGGREGATE_SHARE x
+         num_train_epochs, train_batch_size / (the mean windows per input) inputs per batch (about the
+         windows of a first-stage batch);
+       - each_then_calibrate: no training; the first label's output bias is shifted by first_label_shift,
+         fitted on the aggregate of at most CALIBRATION_INPUTS training inputs (calibrate_first_label).
+    Evaluation, prediction and the export read output_dir's model. A rerun trains what is left."""
     first = os.path.join(cfg.output_dir, EACH_WINDOW_DIR)
-    logger.info("each_then_aggregate, stage 1 of 2: each window alone for %g epoch(s) -> %s",
-                cfg.num_train_epochs, first)
+    logger.info("%s, stage 1 of 2: each window alone for %g epoch(s) -> %s", training, cfg.num_train_epochs, first)
     each = dataclasses.replace(cfg, output_dir=first, window_training="each", do_eval=False, do_predict=False,
                                eval_every_steps=0)
     run_finetuning(ClassifierTask(each), each)
 
     pretrained = resolve_pretrained(first)
+    if training == "each_then_calibrate":
+        calibrate_first_label(cfg, first, pretrained)
+        if not (cfg.do_eval or cfg.do_predict):
+            return {}
+        scoring = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained), do_train=False)
+        return run_finetuning(ClassifierTask(scoring), scoring)
     aggregate = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained),
                                     window_training="aggregate",
                                     num_train_epochs=cfg.num_train_epochs * EACH_THEN_AGGREGATE_SHARE)
@@ -339,5 +353,49 @@ def run_each_then_aggregate(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, flo
     return run_finetuning(task, dataclasses.replace(aggregate, train_batch_size=batch))
 
 
-__all__ = ["EACH_WINDOW_DIR", "ClassifierRunConfig", "ClassifierTask", "aggregate_slots", "classification_loss",
-           "resolve_pooling", "run", "run_each_then_aggregate", "slot_logits"]
+def calibrate_first_label(cfg: ClassifierRunConfig, first: str, pretrained) -> None:
+    """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
+    last step) with the first label's output bias shifted by first_label_shift, fitted on the
+    --window_aggregation of the windows of at most CALIBRATION_INPUTS training inputs (drawn with the run's
+    seed). Side files first, then a checkpoint at the first stage's step; an output_dir that has one is left
+    as it is (a rerun)."""
+    out = cfg.output_dir
+    if model_dir.has_checkpoint(out):
+        logger.info("each_then_calibrate, stage 2 of 2: %s holds the calibrated model", out)
+        return
+    settings = dataclasses.replace(cfg.run, pretrained=pretrained)
+    task = ClassifierTask(dataclasses.replace(cfg, window_training="each"), recorded_training="each_then_calibrate")
+    record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
+    train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
+    jit = settings.train.jit_compile
+    trainer = make_trainer(settings, out, lambda: pretrained.build_model(record, skip_padding=not jit), task.loss,
+                           num_train_steps=1, global_batch_size=cfg.train_batch_size, warmup_proportion=0.0)
+    trainer.restore()  # output_dir has no checkpoint: the first stage's model, head included
+    window_example = np.asarray(train.window_example)
+    inputs = len(train.examples)
+    rng = np.random.default_rng(0 if settings.train.seed is None else settings.train.seed)
+    chosen = np.sort(rng.choice(inputs, size=min(inputs, CALIBRATION_INPUTS), replace=False))
+    rows = np.flatnonzero(np.isin(window_example, chosen))
+    names = ("input_ids", "input_mask", "segment_ids")
+    predictor = arrays.Predictor(trainer.model, dynamic_padding=settings.dynamic_padding and not jit,
+                                 jit_compile=jit, strategy=settings.strategy)
+    logits = predictor({k: train.arrays[k][rows] for k in names}, cfg.eval_batch_size)
+    renumbered = np.searchsorted(chosen, window_example[rows])
+    labels = np.zeros(len(chosen), np.int64)
+    labels[renumbered] = train.arrays["label_ids"][rows]
+    shift = first_label_shift(logits, renumbered, labels, cfg.window_aggregation)
+    bias = trainer.model.head.projection.output_bias
+    bias.assign_add(np.eye(1, bias.shape[0], dtype=np.float32)[0] * shift)
+    step = int(tf.train.latest_checkpoint(first).rsplit("-", 1)[1])
+    trainer.global_step.assign(step)
+    logger.info("each_then_calibrate, stage 2 of 2: the %r logit of every window shifted by %+.2f, fitted on the %s "
+                "of the windows of %d training inputs -> %s (step %d)", task.spec.labels[0], shift,
+                cfg.window_aggregation, len(chosen), out, step)
+    if trainer.is_chief:
+        model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, record,
+                                  do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length)
+    trainer.checkpoints.save(trainer.checkpoints.manager(), step)
+
+
+__all__ = ["EACH_WINDOW_DIR", "TWO_STAGES", "ClassifierRunConfig", "ClassifierTask", "aggregate_slots",
+           "calibrate_first_label", "classification_loss", "resolve_pooling", "run", "run_in_two_stages", "slot_logits"]
