@@ -126,9 +126,10 @@ def test_aggregations_and_weights():
                                [p[:, 0].prod(), *((1 - p[:, 0].prod()) * share / share.sum())], rtol=1e-6)
     with pytest.raises(ValueError, match="window aggregation 'any' needs two or more labels"):
         aggregate_windows(logits[:, :1], window_example, 2, "any")
-    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each", "logmeanexp": "each", "any": "aggregate",
-                                       "first": "each"}
-    with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, got 'all'$"):
+    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each_then_calibrate", "logmeanexp": "each",
+                                       "any": "each_then_calibrate", "first": "each"}
+    with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
+                                         r"each_then_calibrate, got 'all'$"):
         check_window_settings("windows", 8, "max", "all")
 
 
@@ -210,8 +211,8 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
                                                   window_training=training))
 
     assert [task(a).window_training for a in ("mean", "max", "logmeanexp", "any", "first")] == \
-        ["each", "each", "each", "aggregate", "each"]
-    assert task("max").window_training == "each" and task("max").not_packable == ""
+        ["each", "each_then_calibrate", "each", "each_then_calibrate", "each"]
+    assert task("max", "each").not_packable == "" and task("max").not_packable == ""
     assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
@@ -351,7 +352,7 @@ def _long_task_split(rng, n):
 @pytest.fixture(scope="module")
 def windows_model(tiny_model, tmp_path_factory):
     """A classifier trained with --long_inputs=windows (max aggregation, by default each window alone with its
-    document's label) on the long-document task: (data dir, model dir, dev accuracy)."""
+    document's label, then calibrated) on the long-document task: (data dir, model dir, dev accuracy)."""
     rng = np.random.default_rng(7)
     data = tmp_path_factory.mktemp("long_task")
     _write_split(data / "train.tsv", _long_task_split(rng, 256))
@@ -561,7 +562,8 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
             assert np.abs(softmax(expected[aggregation]) - softmax(window_logits[0])).max() > 10 * tolerance
         info = json.loads((out / "bert_tf_info.json").read_text())
         assert (info["long_inputs"], info["doc_stride"], info["window_aggregation"]) == ("windows", 6, aggregation)
-        assert info["window_training"] == "each"  # how the model was trained, kept by evaluation-only runs
+        # how the model was trained (max's default), kept by evaluation-only runs
+        assert info["window_training"] == "each_then_calibrate"
 
 
 def test_windows_pack_like_any_examples(tokenizer):
