@@ -493,9 +493,9 @@ def test_label_past_the_first_window_is_chance_truncated_and_learned_with_window
     always after its first window (at a random position in its second or third). Truncated, the model never
     sees the evidence and stays at chance; with windows (trained on every window, the max of their logits per
     document) it learns the task; the same model read through its first window only is at chance again.
-    Measured: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first window 0.47-0.56 over
-    data seeds 1-4 and 7. Trained on the aggregate of the max instead: 1.00 at seeds 2, 3 and 7, 0.50 at 1 and
-    4 (why each window is the default for max)."""
+    Measured with each window alone: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first
+    window 0.47-0.56 over data seeds 1-4 and 7. Trained on the aggregate of the max instead: 1.00 at seeds 2, 3
+    and 7, 0.50 at 1 and 4. Each window then calibrated (max's default now): 1.00 at seed 7."""
     data, out, windows_accuracy = windows_model
     accuracy = {"windows": windows_accuracy}
     results = _run(tiny_model, data, tmp_path / "truncate", do_train=True, do_eval=True, num_train_epochs=20)
