@@ -221,6 +221,10 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
         task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
+    assert task("max", regression=True).window_training == "each"  # nothing to calibrate
+    with pytest.raises(FinetuneError, match=r"^--window_training=each_then_calibrate shifts the first label's bias; "
+                                            r"this task is a regression$"):
+        task("max", "each_then_calibrate", regression=True)
 
 
 @pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])

@@ -160,6 +160,11 @@ class ClassifierTask(FinetuneTask):
         self.windows = cfg.long_inputs == "windows"
         self.window_training = window_training_for(cfg.window_aggregation, cfg.window_training) \
             if self.windows else None
+        if cfg.task.is_regression and self.window_training == "each_then_calibrate":
+            if cfg.window_training is not None:
+                raise FinetuneError("--window_training=each_then_calibrate shifts the first label's bias; this task "
+                                    "is a regression")
+            self.window_training = "each"  # max's default, for a task with labels
         self.recorded_training = recorded_training or self.window_training
         if self.window_training in ("aggregate", "each_then_aggregate"):
             self.not_packable = (f"--window_training={self.window_training} keeps each input's windows together "
