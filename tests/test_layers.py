@@ -24,7 +24,7 @@ LAYERS = [
     # the Keras models
     ["bert_tf.models"],
     # model directories and checkpoint formats
-    ["bert_tf.model_dir", "bert_tf.checkpoints"],
+    ["bert_tf.model_dir", "bert_tf.checkpoint_names", "bert_tf.checkpoints"],
     # where a run's weights come from
     ["bert_tf.pretrained"],
     # training, serving, export, batch jobs over a model
