@@ -391,15 +391,11 @@ def test_a_fresh_head_trained_on_the_any_aggregate_starts_at_the_datas_share(tin
         assert want[0] == pytest.approx(np.log(share ** (1 / 3) / (1 - share ** (1 / 3))), rel=1e-5)
 
 
-def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_one_resumable_run(
-        tiny_model, tmp_path, caplog):
-    """--window_training=each_then_aggregate: 2 epochs of each window alone (32 documents of 3 windows, 16 windows
-    a batch: 12 steps) into out/each_window, then half an epoch (a quarter of 2) of their aggregate under any from
-    that model, round(16 / 3) = 5 documents a batch (3 steps), into out. The second stage starts from the first's
-    head, not from the fresh any start; only out is evaluated; a rerun trains nothing and scores the same."""
+def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training):
+    """Trains 2 epochs of --window_training=`training` on 32 documents of 3 windows (16 windows a batch: 12 steps
+    in the first stage) and evaluates on 8: (out, its each_window folder, the run's keyword arguments, its
+    results, its stage log lines)."""
     import logging
-
-    import tensorflow as tf
 
     from bert_tf.runners.classifier import EACH_WINDOW_DIR
 
@@ -407,12 +403,25 @@ def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_
     _write_split(tmp_path / "train.tsv", _long_task_split(rng, 32))
     _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
     out = tmp_path / "out"
-    first = out / EACH_WINDOW_DIR
     kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
-              window_aggregation="any", window_training="each_then_aggregate")
+              window_aggregation=aggregation, window_training=training)
     with caplog.at_level(logging.INFO, logger="bert_tf"):
         results = _run(tiny_model, tmp_path, out, **kw)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_aggregate, stage")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{training}, stage")]
+    return out, out / EACH_WINDOW_DIR, kw, results, lines
+
+
+def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_one_resumable_run(
+        tiny_model, tmp_path, caplog):
+    """--window_training=each_then_aggregate: 2 epochs of each window alone (32 documents of 3 windows, 16 windows
+    a batch: 12 steps) into out/each_window, then half an epoch (a quarter of 2) of their aggregate under any from
+    that model, round(16 / 3) = 5 documents a batch (3 steps), into out. The second stage starts from the first's
+    head, not from the fresh any start; only out is evaluated; a rerun trains nothing and scores the same."""
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+
+    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "any", "each_then_aggregate")
     assert lines == [f"each_then_aggregate, stage 1 of 2: each window alone for 2 epoch(s) -> {first}",
                      f"each_then_aggregate, stage 2 of 2: their aggregate for 0.5 epoch(s) from {first}, 5 inputs "
                      f"per batch (3.0 windows each) -> {out}"], lines
@@ -451,18 +460,7 @@ def test_each_then_calibrate_shifts_only_the_first_labels_bias_of_the_each_windo
 
     import tensorflow as tf
 
-    from bert_tf.runners.classifier import EACH_WINDOW_DIR
-
-    rng = np.random.default_rng(5)
-    _write_split(tmp_path / "train.tsv", _long_task_split(rng, 32))
-    _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
-    out = tmp_path / "out"
-    first = out / EACH_WINDOW_DIR
-    kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
-              window_aggregation="max", window_training="each_then_calibrate")
-    with caplog.at_level(logging.INFO, logger="bert_tf"):
-        results = _run(tiny_model, tmp_path, out, **kw)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_calibrate, stage")]
+    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "each_then_calibrate")
     assert len(lines) == 2 and lines[0].startswith("each_then_calibrate, stage 1 of 2: each window alone"), lines
     found = re.fullmatch(r"each_then_calibrate, stage 2 of 2: the 'no' logit of every window shifted by "
                          r"([-+][\d.]+), fitted on the max of the windows of 32 training inputs -> (.*) \(step 12\)",

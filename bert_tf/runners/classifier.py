@@ -340,14 +340,14 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
     run_finetuning(ClassifierTask(each), each)
 
     pretrained = resolve_pretrained(first)
+    from_first = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained))
     if training == "each_then_calibrate":
-        calibrate_first_label(cfg, first, pretrained)
+        calibrate_first_label(from_first, first)
         if not (cfg.do_eval or cfg.do_predict):
             return {}
-        scoring = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained), do_train=False)
+        scoring = dataclasses.replace(from_first, do_train=False)
         return run_finetuning(ClassifierTask(scoring), scoring)
-    aggregate = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained),
-                                    window_training="aggregate",
+    aggregate = dataclasses.replace(from_first, window_training="aggregate",
                                     num_train_epochs=cfg.num_train_epochs * EACH_THEN_AGGREGATE_SHARE)
     task = ClassifierTask(aggregate, recorded_training="each_then_aggregate")
     train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
@@ -358,9 +358,9 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
     return run_finetuning(task, dataclasses.replace(aggregate, train_batch_size=batch))
 
 
-def calibrate_first_label(cfg: ClassifierRunConfig, first: str, pretrained) -> None:
+def calibrate_first_label(cfg: ClassifierRunConfig, first: str) -> None:
     """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
-    last step) with the first label's output bias shifted by first_label_shift, fitted on the
+    last step; cfg.run.pretrained reads it) with the first label's output bias shifted by first_label_shift, fitted on the
     --window_aggregation of the windows of at most CALIBRATION_INPUTS training inputs (drawn with the run's
     seed). Side files first, then a checkpoint at the first stage's step; an output_dir that has one is left
     as it is (a rerun)."""
@@ -368,7 +368,8 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, pretrained) -> N
     if model_dir.has_checkpoint(out):
         logger.info("each_then_calibrate, stage 2 of 2: %s holds the calibrated model", out)
         return
-    settings = dataclasses.replace(cfg.run, pretrained=pretrained)
+    settings = cfg.run
+    pretrained = settings.pretrained
     task = ClassifierTask(dataclasses.replace(cfg, window_training="each"), recorded_training="each_then_calibrate")
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
     train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
@@ -391,7 +392,7 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, pretrained) -> N
     shift = first_label_shift(logits, renumbered, labels, cfg.window_aggregation)
     bias = trainer.model.head.projection.output_bias
     bias.assign_add(np.eye(1, bias.shape[0], dtype=np.float32)[0] * shift)
-    step = int(tf.train.latest_checkpoint(first).rsplit("-", 1)[1])
+    step = model_dir.checkpoint_step(model_dir.latest_checkpoint(first))
     trainer.global_step.assign(step)
     logger.info("each_then_calibrate, stage 2 of 2: the %r logit of every window shifted by %+.2f, fitted on the %s "
                 "of the windows of %d training inputs -> %s (step %d)", task.spec.labels[0], shift,
