@@ -30,7 +30,7 @@ def define_tpu_and_strategy_flags():
     flags.DEFINE_bool("jit_compile", None, "XLA-compile the step. Default: on for TPU and GPU, off on CPU.")
     flags.DEFINE_string("xla_cache_dir", None, "Keep XLA's compiled programs here, so a resumed or repeated run loads "
                         "its compiled step instead of compiling it again. Default: <output_dir>/xla_cache when the "
-                        "step is XLA-compiled (--jit_compile); 'none': no cache. A path caches every XLA program of "
+                        "step is XLA-compiled (--jit_compile, or by default on a TPU or GPU); 'none': no cache. A path caches every XLA program of "
                         "the run (also the CPU's fused kernels and optimizer update without --jit_compile).")
 
 
@@ -72,8 +72,6 @@ def train_settings(strategy=None):
     strategy is built) it is off."""
     from bert_tf.training.loop import TrainSettings
 
-    if strategy is not None:
-        use_xla_cache(use_jit(strategy))
     return TrainSettings(
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
@@ -84,12 +82,17 @@ def train_settings(strategy=None):
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
 
 
-def use_xla_cache(jit_compile: bool):
-    """Points TensorFlow's persistent XLA compilation cache at --xla_cache_dir (bert_tf/training/xla_cache.py):
-    a process-wide setting, made once the strategy exists and before the model is built (it must come
-    before the process's first XLA compilation). Returns the directory in effect, None for none."""
+def use_xla_cache():
+    """Points TensorFlow's persistent XLA compilation cache at --xla_cache_dir (bert_tf/training/xla_cache.py)
+    in scripts that have the flag: a process-wide setting that TensorFlow reads once, when its runtime
+    starts (its first op or device listing), so setup_logging makes it before anything else. Whether
+    the step will be XLA-compiled is judged from the flags, not asked of TensorFlow (that would start
+    its runtime). Returns the directory in effect, None for none."""
     from bert_tf.training import xla_cache
 
+    if "xla_cache_dir" not in FLAGS:
+        return xla_cache.current()
+    jit_compile = xla_cache.compiles_by_default(FLAGS.jit_compile, strategy_name() == "tpu")
     directory = xla_cache.cache_dir(FLAGS.xla_cache_dir, FLAGS.output_dir, jit_compile)
     return xla_cache.enable(directory) if directory else xla_cache.current()
 
@@ -161,7 +164,9 @@ def fail(message: str):
 
 
 def setup_logging():
-    """The start of every runner: log lines with times, then every remote path flag checked."""
+    """The start of every runner: the XLA cache set (before anything starts TensorFlow's runtime), log
+    lines with times, then every remote path flag checked."""
+    use_xla_cache()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)
     import tensorflow as tf

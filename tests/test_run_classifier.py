@@ -32,6 +32,7 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model, tmp_pat
                                             "--iterations_per_loop=6", "--eval_every_steps=12"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "optimizer: adamw, peak learning rate 0.001, weight decay 0.01" in result.stderr  # [CLS]: one rate
+    assert "XLA: off, clip_norm 1.0, XLA cache: none" in result.stderr and not (out / "xla_cache").exists()
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert set(results) == {"eval_accuracy", "eval_loss", "global_step"}
     assert int(results["global_step"]) == 24  # 48 examples / 8 * 4 epochs

@@ -5,6 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+from conftest import REPO, TESTDATA, TINY_CONFIG
+
+from bert_tf.configs import BertConfig
+from bert_tf.data import pretraining_job
+from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.tokenization import vocab_builder
 from bert_tf.training import xla_cache
 
 FLAG = "--tf_xla_persistent_cache_directory"
@@ -59,3 +66,110 @@ def test_second_process_loads_the_compiled_program(tmp_path):
     assert "Verifying loaded cache entry" in log  # loaded, its fingerprint checked
     assert [p.name for p in cache.iterdir()] == [entry.name] and entry.stat().st_mtime_ns == stamp
     assert second == first
+
+
+def test_the_default_is_judged_without_tensorflow():
+    assert xla_cache.compiles_by_default(True, on_tpu=False) and not xla_cache.compiles_by_default(False, on_tpu=True)
+    assert xla_cache.compiles_by_default(None, on_tpu=True)
+    # No GPU here (a CPU machine, with or without a CUDA driver library): XLA is not the default.
+    assert xla_cache.cuda_device_count() == 0 and not xla_cache.compiles_by_default(None, on_tpu=False)
+
+
+ALIGN_PROGRAM = """
+import os, sys
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from bert_tf.training import xla_cache
+tf.constant(1.0) + 1.0  # some eager ops first, as before a run's first step
+before = ops.uid()
+xla_cache.align_trace_names()
+print("UIDS", before, ops.uid())
+"""
+
+
+def test_align_trace_names_moves_the_counter_to_a_multiple_only_with_a_cache(tmp_path):
+    env = dict(os.environ)
+    env.pop("TF_XLA_FLAGS", None)
+
+    def uids(environ):
+        proc = subprocess.run([sys.executable, "-c", ALIGN_PROGRAM], env=environ, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [int(x) for x in proc.stdout.split("UIDS")[1].split()]
+
+    before, after = uids(env)
+    assert after == before + 1  # no cache: only this test's own reading
+    before, after = uids(dict(env, TF_XLA_FLAGS=f"{FLAG}={tmp_path}"))
+    assert after % xla_cache.ALIGNMENT == 1 and before < after <= before + xla_cache.ALIGNMENT + 1
+
+
+# --- Through the scripts, as a user types them (relative paths, fresh processes) ---------------------------
+
+TINY_CONFIG_WITHOUT_VOCAB = {k: v for k, v in TINY_CONFIG.items() if k != "vocab_size"}
+LOADED = "Verifying loaded cache entry: __inference_compute_grads"  # TensorFlow's log line (VLOG 1)
+
+
+def _script(name, cwd, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="device_executable_persistor=1",
+               CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, name), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def _programs(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.fixture(scope="module")
+def pretraining_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("xla_cache_pretraining")
+    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
+        lines = f.read().splitlines()[:400]
+    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=300, num_unused=0)
+    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+        input_file=str(root / "corpus.txt"), output_file=str(root / "train.tfrecord"),
+        vocab_file=str(root / "vocab.txt"), max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1,
+        num_workers=1))
+    BertConfig(vocab_size=len(vocab), **TINY_CONFIG_WITHOUT_VOCAB).to_json_file(str(root / "bert_config.json"))
+    return root
+
+
+def test_run_pretraining_writes_the_cache_and_a_resumed_run_loads_its_step(pretraining_data):
+    root = pretraining_data
+
+    def pretrain(output_dir, steps, *extra):
+        return _script("run_pretraining.py", root, "--bert_config_file=bert_config.json",
+                       "--input_file=train.tfrecord", f"--output_dir={output_dir}", "--max_seq_length=32",
+                       "--max_predictions_per_seq=5", "--do_train", "--train_batch_size=8", "--num_warmup_steps=1",
+                       f"--num_train_steps={steps}", "--iterations_per_loop=2", "--jit_compile=true", *extra)
+
+    log = pretrain("run", 2)
+    assert "XLA cache: run/xla_cache" in log and LOADED not in log
+    written = _programs(root / "run" / "xla_cache")
+    assert len(written) >= 2  # the gradient step and the optimizer's update at least
+    # The same output_dir resumed to more steps: the checkpoint is restored first, the step is loaded.
+    log = pretrain("run", 4)
+    assert "step 4/4" in log and "step 2/4" not in log  # (it went on from step 2)
+    assert LOADED in log and set(written) <= set(_programs(root / "run" / "xla_cache"))
+    # Another output_dir sharing the first one's cache: loaded too; nothing is cached in the new folder.
+    log = pretrain("other", 2, "--xla_cache_dir=run/xla_cache")
+    assert LOADED in log and "XLA cache: run/xla_cache" in log and not (root / "other" / "xla_cache").exists()
+
+
+def test_run_classifier_writes_the_cache_and_a_second_run_loads_it(tiny_model, tmp_path):
+    def classify(output_dir, *extra):
+        return _script("run_classifier.py", tmp_path, "--task_name=user", f"--data_dir={TESTDATA / 'classifier'}",
+                       f"--vocab_file={tiny_model / 'vocab.txt'}", f"--bert_config_file={tiny_model / 'bert_config.json'}",
+                       f"--output_dir={output_dir}", "--max_seq_length=32", "--train_batch_size=8",
+                       "--do_train", "--num_train_epochs=0.5", "--jit_compile=true", *extra)
+
+    log = classify("first")
+    assert "XLA cache: first/xla_cache" in log and LOADED not in log
+    assert _programs(tmp_path / "first" / "xla_cache")
+    log = classify("second", "--xla_cache_dir=first/xla_cache")
+    assert LOADED in log

@@ -15,6 +15,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
+from bert_tf.training import xla_cache
+
 # The features whose nonzero entries are a batch's real tokens, by preference (packed rows: sequence_ids).
 MASK_FEATURES = ("input_mask", "sequence_ids")
 
@@ -98,6 +100,7 @@ def run_host_loop(train_loop, iterator, n: int, compiling: bool):
     if not compiling:
         losses, sums, norm_sum, health, seconds = call(n)
         return losses, sums, norm_sum / n, health, seconds, 0.0
+    xla_cache.align_trace_names()  # a resumed run traces its step under a fresh run's names: the cache hits
     losses, sums, norm_sum, health, first_seconds = call(1)
     health["input_wait_seconds"], seconds = 0.0, 0.0
     if n > 1:
@@ -128,6 +131,8 @@ def evaluate_batches(strategy, eval_fn: Callable, dataset, steps: Optional[int])
         batch = iterator.get_next_as_optional()
         if not batch.has_value():
             break
+        if count == 0:
+            xla_cache.align_trace_names()
         terms = eval_step(batch.get_value())
         terms = {k: (float(v.numpy()), float(w.numpy())) for k, (v, w) in terms.items()}
         totals = terms if totals is None else {k: (totals[k][0] + v, totals[k][1] + w)

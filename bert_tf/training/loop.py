@@ -327,7 +327,7 @@ class Trainer:
             f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}"
-            + (f", XLA cache: {xla_cache.current()}" if xla_cache.current() else ""),
+            + f", XLA cache: {xla_cache.current() or 'none'}",
             f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
             + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")
             + f", weight decay {c.weight_decay_rate:g}",
