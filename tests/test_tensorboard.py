@@ -14,12 +14,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import REPO, TESTDATA, TINY_VOCAB
-
-from bert_tf.configs import BertConfig
-from bert_tf.data import pretraining_job
-from bert_tf.resources import SAMPLE_CORPUS
-from bert_tf.tokenization import vocab_builder
+from conftest import REPO, TESTDATA, TINY_VOCAB, tiny_pretraining_folder
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, type_vocab_size=2,
             max_position_embeddings=64)
@@ -53,16 +48,7 @@ def logdir(tmp_path_factory):
                        "--profile_steps=5,6")
     data = root / "data"
     data.mkdir()
-    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:400]
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=300, num_unused=0)
-    vocab_builder.write_vocab(str(data / "vocab.txt"), vocab)
-    (data / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-        input_file=str(data / "corpus.txt"), output_file=str(data / "train.tfrecord"),
-        vocab_file=str(data / "vocab.txt"), max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1,
-        num_workers=1))
-    BertConfig(vocab_size=len(vocab), **TINY).to_json_file(str(data / "bert_config.json"))
+    tiny_pretraining_folder(data, **TINY)
     pretrain = _script("run_pretraining.py", f"--input_file={data / 'train.tfrecord'}",
                        f"--output_dir={root / 'logs' / 'pretrain'}", f"--bert_config_file={data / 'bert_config.json'}",
                        f"--vocab_file={data / 'vocab.txt'}", "--do_train", "--do_eval", "--train_batch_size=8",

@@ -6,12 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TESTDATA, TINY_CONFIG
+from conftest import REPO, TESTDATA, TINY_CONFIG, tiny_pretraining_folder
 
-from bert_tf.configs import BertConfig
-from bert_tf.data import pretraining_job
-from bert_tf.resources import SAMPLE_CORPUS
-from bert_tf.tokenization import vocab_builder
 from bert_tf.training import xla_cache
 
 FLAG = "--tf_xla_persistent_cache_directory"
@@ -105,7 +101,6 @@ def test_align_trace_names_moves_the_counter_to_a_multiple_only_with_a_cache(tmp
 
 # --- Through the scripts, as a user types them (relative paths, fresh processes) ---------------------------
 
-TINY_CONFIG_WITHOUT_VOCAB = {k: v for k, v in TINY_CONFIG.items() if k != "vocab_size"}
 LOADED = "Verifying loaded cache entry: __inference_compute_grads"  # TensorFlow's log line (VLOG 1)
 
 
@@ -125,18 +120,7 @@ def _programs(folder):
 
 @pytest.fixture(scope="module")
 def pretraining_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("xla_cache_pretraining")
-    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:400]
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=300, num_unused=0)
-    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-        input_file=str(root / "corpus.txt"), output_file=str(root / "train.tfrecord"),
-        vocab_file=str(root / "vocab.txt"), max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1,
-        num_workers=1))
-    BertConfig(vocab_size=len(vocab), **TINY_CONFIG_WITHOUT_VOCAB).to_json_file(str(root / "bert_config.json"))
-    return root
+    return tiny_pretraining_folder(tmp_path_factory.mktemp("xla_cache_pretraining"), **TINY_CONFIG)
 
 
 def test_run_pretraining_writes_the_cache_and_a_resumed_run_loads_its_step(pretraining_data):

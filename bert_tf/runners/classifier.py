@@ -205,11 +205,16 @@ class ClassifierTask(FinetuneTask):
             self._train = data
         return data
 
-    def _featurize(self, split, tokenizer):
+    def read_split(self, split):
+        """`split`'s examples; TaskDataError for a missing or malformed file, FinetuneError for an empty one."""
         self._infer_labels()
         examples = self.spec.read_examples(self.cfg.data_dir, split)
         if not examples:
             raise FinetuneError(f"{os.path.join(self.cfg.data_dir, self.spec.split(split).filename)}: no examples")
+        return examples
+
+    def _featurize(self, split, tokenizer):
+        examples = self.read_split(split)
         if not self.windows:
             features = glue.convert_examples_to_features(examples, self.spec.labels, self.cfg.max_seq_length,
                                                          tokenizer)
@@ -312,6 +317,10 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             pretrained = cfg.run.pretrained
             record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
             model_dir.check_matches(cfg.output_dir, record, pretrained.config)
+        # The files the second stage scores, read now: a missing or malformed one is one line, not an
+        # error after the first stage has trained (the one-stage run featurizes every split first).
+        for split in (task.spec.eval_splits if cfg.do_eval else ()) + (task.spec.test_splits if cfg.do_predict else ()):
+            task.read_split(split)
         held = read_run_info(cfg.output_dir).get("window_training")
         if model_dir.has_checkpoint(cfg.output_dir) and held != task.window_training:
             raise FinetuneError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
