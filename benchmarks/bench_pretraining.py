@@ -693,6 +693,8 @@ def main():
     parser.add_argument("--xla_cache_dir", default=None,
                         help="TensorFlow's persistent XLA compilation cache for every variant (run_pretraining "
                              "--xla_cache_dir): with --rounds=2 the second round's compile s is what a repeated run pays")
+    parser.add_argument("--no_peaks", action="store_true",
+                        help="skip the matmul peaks (no MFU column): an A/B of variants that only compares them")
     parser.add_argument("--profile", action="store_true",
                         help="with --out_dir: profile a few steps of each ours-*/hf-* variant after its timed ones "
                              "and add their breakdown by kernel class to the report")
@@ -830,6 +832,8 @@ def peak_names(args, names):
     """The matmul peaks a run measures: TensorFlow's for ours/tfm, PyTorch's when hf-* runs, each in bf16,
     in its variants' precisions, and in fp32 on a CPU (its historical baseline)."""
     out = []
+    if getattr(args, "no_peaks", False):
+        return out
     for lib, impls in (("peak", ("ours", "tfm")), ("torchpeak", ("hf",))):
         mine = {n.split("-")[1] for n in names if n.split("-")[0] in impls}
         if mine:
