@@ -896,7 +896,8 @@ def report(args, names, run):
     best_peer_name = max(peer, key=lambda k: peer[k]["seq_per_s"], default=None)
     best_peer = peer[best_peer_name]["seq_per_s"] if peer else None
     least_peer_cpu = min((v["cpu_s_per_seq"] for v in peer.values()), default=None)
-    say(f"{'variant':18s} {'seq/s':>8s} {'vs best peer':>12s} {'CPU-s/seq':>9s} {'vs peer':>7s} {'MFU':>6s} "
+    width = max([18] + [len(n) for n in ok])  # a variant with + options is longer
+    say(f"{'variant':{width}s} {'seq/s':>8s} {'vs best peer':>12s} {'CPU-s/seq':>9s} {'vs peer':>7s} {'MFU':>6s} "
         f"{'real tok/s':>10s} {'compile s':>9s} {'loss':>8s} {'params':>11s}  device")
     for name, r in ok.items():
         precision = name.split("-")[1]
@@ -905,7 +906,7 @@ def report(args, names, run):
         ratio = r["seq_per_s"] / best_peer if best_peer else float("nan")
         cpu_ratio = least_peer_cpu / r["cpu_s_per_seq"] if least_peer_cpu else float("nan")
         mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "   n/a"
-        say(f"{name:18s} {r['seq_per_s']:8.2f} {ratio:11.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
+        say(f"{name:{width}s} {r['seq_per_s']:8.2f} {ratio:11.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
             f"{mfu} {r['real_tokens_per_s']:10.0f} {r['compile_s']:9.1f} {r['loss']:8.4f} {r['params']:11,d}  "
             f"{r['device']}")
     ours = {k: v for k, v in ok.items() if k.startswith("ours")}

@@ -69,17 +69,21 @@ def variant(options) -> str:
     return "+".join([BASELINE, *options])
 
 
+def progress_records(folder) -> list:
+    """The records of a bench_pretraining run's progress.jsonl (none when it has not started)."""
+    path = os.path.join(folder, "progress.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def read_progress(folder):
     """{variant: its best measured result} from a bench_pretraining run's progress.jsonl (failures left out)."""
     best = {}
-    path = os.path.join(folder, "progress.jsonl")
-    if not os.path.exists(path):
-        return best
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line)
-            if "seq_per_s" in record and record["seq_per_s"] > best.get(record["variant"], {}).get("seq_per_s", 0):
-                best[record["variant"]] = record
+    for record in progress_records(folder):
+        if "seq_per_s" in record and record["seq_per_s"] > best.get(record["variant"], {}).get("seq_per_s", 0):
+            best[record["variant"]] = record
     return best
 
 
@@ -160,7 +164,7 @@ def bench(session, step, sizes, variants, cost, reserve=0.0) -> dict:
     return read_progress(folder)
 
 
-def summary(matrix, combination, chosen, best, base) -> str:
+def summary(out_dir, matrix, combination, chosen, best, base) -> str:
     lines = ["# GPU candidates", "", "| step | variant | seq/s | vs baseline (same run) | compile s | device |",
              "|---|---|---|---|---|---|"]
     for step, results in (("matrix", matrix), ("combination", combination), ("base", base)):
@@ -170,6 +174,13 @@ def summary(matrix, combination, chosen, best, base) -> str:
             lines.append(f"| {step} | {name} | {r['seq_per_s']:.1f} | {ratio} | {r['compile_s']:.1f} | {r['device']} |")
     lines += ["", f"combination chosen: {'+'.join(chosen) or 'none beat the baseline by more than NOISE'}",
               f"winner: {best}"]
+    peer = [r for n, r in base.items() if not n.startswith("ours-")]
+    if best in base and peer:
+        lines.append(f"winner / {peer[0]['variant']} on {base[best]['device']}: "
+                     f"{base[best]['seq_per_s'] / peer[0]['seq_per_s']:.3f}x (base/report.txt: MFU, profiles)")
+    failed = [r for step in ("matrix", "combination", "base") for r in progress_records(os.path.join(out_dir, step))
+              if "failed" in r]
+    lines += [f"failed: {r['variant']}: {r['failed']}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -215,7 +226,7 @@ def main():
     if "base" in steps:
         base = bench(session, "base", sizes["base"], list(dict.fromkeys([best, sizes["peer"]])), COST["base"])
     with open(os.path.join(args.out_dir, "summary.md"), "w") as f:
-        f.write(summary(matrix, combination, chosen, best, base))
+        f.write(summary(args.out_dir, matrix, combination, chosen, best, base))
     if "finetune" in steps:
         session.run("finetune", [sys.executable, os.path.join(HERE, "bench_finetuning.py"), *sizes["finetune"],
                                  f"--output_dir={os.path.join(args.out_dir, 'finetune')}"], COST["finetune"])

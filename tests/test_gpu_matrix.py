@@ -56,3 +56,23 @@ def test_unknown_step_or_candidate_is_one_line_error(tmp_path):
                            "--candidates=cudnn,warp"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 2 and "unknown step or candidate warp" in proc.stderr.strip().splitlines()[-1]
     assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.slow  # two bench_pretraining variants at BERT-tiny under XLA, each in its own process (~90 s)
+def test_dry_run_measures_the_matrix_and_names_a_winner(tmp_path):
+    out = tmp_path / "dry"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_matrix.py", "--dry_run", f"--out_dir={out}",
+                           "--steps=matrix,combination", "--candidates=whole", "--budget_s=900"],
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "session.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["status"]) for r in records if r["step"] != "winner"] == [
+        ("matrix", "started"), ("matrix", "done"), ("combination", "skipped"), ("session", "end")]
+    measured = benchmark_module("gpu_matrix").read_progress(str(out / "matrix"))
+    assert sorted(measured) == [BASE, f"{BASE}+whole"]
+    assert all(r["seq_per_s"] > 0 and r["device"] for r in measured.values())
+    (winner,) = [r["status"] for r in records if r["step"] == "winner"]
+    assert winner in measured
+    text = (out / "summary.md").read_text()
+    assert f"| matrix | {BASE} |" in text and f"| matrix | {BASE}+whole |" in text and f"winner: {winner}" in text
+    assert (out / "matrix" / "results.json").exists() and (out / "matrix" / "report.txt").exists()
