@@ -32,6 +32,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +41,9 @@ BASELINE = "ours-bf16-xla"
 CANDIDATES = ("cudnn", "whole", "adrop0", "cb_off", "triton_off", "cublaslt", "cudnn_ln", "cb_fusion")
 MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attention dropout costs, never the winner
 EXCLUSIVE = ({"cb_off", "cb_fusion"},)  # settings of one flag: at most one of each group in a combination
+# The compiled programs, shared by the session's runs (the baseline compiles once) and kept out of the
+# output folder, which a GPU loan copies back.
+XLA_CACHE = os.path.join(tempfile.gettempdir(), "gpu_matrix_xla_cache")
 NOISE = 0.02  # a candidate joins the combination when it is more than 2% faster than the baseline
 STEPS = ("smoke", "matrix", "combination", "base", "finetune", "accuracy")
 # Seconds each step is expected to take on an H100/H200 (XLA compiles a BERT-base step in ~60 s, base4's
@@ -159,7 +163,7 @@ class Session:
 def bench(session, step, sizes, variants, cost, reserve=0.0) -> dict:
     folder = os.path.join(session.out_dir, step)
     command = [sys.executable, os.path.join(HERE, "bench_pretraining.py"), *sizes, f"--variants={','.join(variants)}",
-               f"--out_dir={folder}", f"--xla_cache_dir={os.path.join(session.out_dir, 'xla_cache')}"]
+               f"--out_dir={folder}", f"--xla_cache_dir={XLA_CACHE}"]
     session.run(step, command, cost, reserve)
     return read_progress(folder)
 
