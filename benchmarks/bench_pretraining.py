@@ -135,6 +135,18 @@ def xla_flags(name, flags=""):
     return " ".join([flags] + [XLA_PRESETS[o] for o in split_variant(name)[1] if o in XLA_PRESETS]).strip()
 
 
+def variant_env(env, name, xla_cache_dir=None):
+    """The environment of a variant's process: `env` with its XLA flag presets and, with xla_cache_dir,
+    TensorFlow's persistent XLA cache (as bert_tf.training.xla_cache.enable) in a folder per preset set:
+    the cache may not tell a program compiled under other XLA flags from this one (it checks the HLO)."""
+    out = dict(env, XLA_FLAGS=xla_flags(name, env.get("XLA_FLAGS", "")))
+    if xla_cache_dir:
+        presets = [o for o in split_variant(name)[1] if o in XLA_PRESETS]
+        folder = os.path.join(os.path.abspath(xla_cache_dir), *(["+".join(presets)] if presets else []))
+        out["TF_XLA_FLAGS"] = f"{env.get('TF_XLA_FLAGS', '')} --tf_xla_persistent_cache_directory={folder}".strip()
+    return out
+
+
 def bert_config(size, **overrides):
     """The BertConfig of a SIZES name (vocab VOCAB)."""
     from bert_tf.configs import BertConfig
@@ -728,10 +740,7 @@ def main():
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
     if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    if args.xla_cache_dir:
-        env["TF_XLA_FLAGS"] = (f"{env.get('TF_XLA_FLAGS', '')} "  # as bert_tf.training.xla_cache.enable
-                               f"--tf_xla_persistent_cache_directory={os.path.abspath(args.xla_cache_dir)}").strip()  # a CPU run on a GPU machine: neither framework sees the GPU
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU machine: neither framework sees the GPU
     keys = ("size", "batch", "seq", "preds", "steps", "loops", "inter_op_threads", "input_file", "device")
     failures = {}
 
@@ -745,8 +754,7 @@ def main():
             files["profile_dir"] = profile_dir(args, name)
         command = [sys.executable, os.path.abspath(__file__), f"--worker={name}"] + [
             f"--{k}={v}" for k, v in [(k, getattr(args, k)) for k in keys] + list(files.items()) if v is not None]
-        proc = subprocess.run(command, capture_output=True, text=True,
-                              env=dict(env, XLA_FLAGS=xla_flags(name, env.get("XLA_FLAGS", ""))))
+        proc = subprocess.run(command, capture_output=True, text=True, env=variant_env(env, name, args.xla_cache_dir))
         if proc.returncode != 0 or "RESULT" not in proc.stdout:
             if fatal:  # the worker's last line is its one-line error
                 sys.exit(f"{name}: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")

@@ -127,6 +127,12 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert bench.xla_flags("ours-bf16-xla+cudnn+cb_off+cublaslt", "--xla_gpu_cuda_data_dir=/cuda") == (
         "--xla_gpu_cuda_data_dir=/cuda --xla_gpu_enable_command_buffer= --xla_gpu_enable_cublaslt=true")
     assert bench.xla_flags("ours-bf16-xla", "") == ""
+    # The XLA cache: a folder per preset set, so no variant loads a program compiled under other flags.
+    env = bench.variant_env(dict(TF_XLA_FLAGS="--tf_xla_auto_jit=0"), "ours-bf16-xla+whole+cb_off+cublaslt", "/c")
+    assert env["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory=/c/cb_off+cublaslt"
+    assert bench.variant_env({}, "ours-bf16-xla+cudnn", "/c")["TF_XLA_FLAGS"] == (
+        "--tf_xla_persistent_cache_directory=/c")
+    assert "TF_XLA_FLAGS" not in bench.variant_env({}, "ours-bf16-xla+cb_off")
     base4 = bench.bert_config("base4", attention_probs_dropout_prob=0.0)
     assert (base4.num_hidden_layers, base4.hidden_size, base4.num_attention_heads, base4.intermediate_size) == (
         4, 768, 12, 3072) and base4.attention_probs_dropout_prob == 0.0
