@@ -79,3 +79,23 @@ def test_whole_step_needs_xla_and_one_device(tmp_path):
                      lambda: BertPretrainer(CONFIG, skip_padding=False), pretraining_loss_fn,
                      lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-3, STEPS, 1), model_dir=str(tmp_path),
                      train_steps=STEPS, global_batch_size=B, checkpoint_input_pipeline=False)
+
+
+@pytest.mark.half_precision
+def test_whole_step_with_float16_loss_scaling_matches_todays_step(tmp_path):
+    """The loss-scale update (a merge_call) compiles into the one program too: on the toy regression of
+    test_training_loop.py the first step overflows and halves the scale in both, and the runs agree."""
+    from test_training_loop import dataset_fn as toy_data
+    from test_training_loop import make_trainer
+
+    runs = []
+    for whole in (False, True):
+        trainer = make_trainer(str(tmp_path / str(whole)), mixed_precision="float16", steps=6, jit_compile=True,
+                               compile_whole_step=whole)
+        trainer.train(toy_data)
+        runs.append(trainer)
+    today, whole = runs
+    assert whole.step_losses == today.step_losses
+    assert float(whole.loss_scale.scale.numpy()) == float(today.loss_scale.scale.numpy()) < 2.0**15
+    for a, b in zip(today.model.trainable_variables, whole.model.trainable_variables, strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=4 * FLOAT32_EPS, atol=float32_tolerance(0.05 * 6, 16 * 6))
