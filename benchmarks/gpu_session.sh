@@ -5,7 +5,8 @@
 #                                             # check, A/B matrix on 4 layers of BERT-base width, the best
 #                                             # combination, the winner vs HF torch.compile on BERT-base with
 #                                             # profiles, then fine-tuning and the accuracy check while time is left
-#                                             # (benchmarks/gpu_matrix.py; DRY_RUN=1: the same on a CPU, tiny sizes)
+#                                             # (benchmarks/gpu_matrix.py; DRY_RUN=1: the same on a CPU, tiny sizes;
+#                                             # MINILM_DIR: the accuracy check's weights where not installed)
 #   bash benchmarks/gpu_session.sh speed      # ours (bf16/fp16, XLA or not) vs HF eager / torch.compile, BERT-base
 #                                             # seq 128 batch 256, with profiles and their breakdown (~8 min on an H200)
 #   bash benchmarks/gpu_session.sh accuracy   # the short recipe: CPU fp32 vs GPU bf16 / fp16 under XLA, 2 seeds each
@@ -18,7 +19,8 @@ phase=${1:-smoke}
 mkdir -p "$out/$phase"
 case "$phase" in
   matrix)
-    python benchmarks/gpu_matrix.py --out_dir="$out/$phase" --budget_s="${BUDGET_S:-480}" ${DRY_RUN:+--dry_run} ;;
+    python benchmarks/gpu_matrix.py --out_dir="$out/$phase" --budget_s="${BUDGET_S:-480}" ${DRY_RUN:+--dry_run} \
+      ${MINILM_DIR:+--init_checkpoint="$MINILM_DIR"} ;;
   smoke)
     python benchmarks/bench_pretraining.py --device=gpu --size=tiny --batch=32 --steps=2 --loops=1 \
       --out_dir="$out/$phase" --profile ;;
