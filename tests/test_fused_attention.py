@@ -136,3 +136,74 @@ def test_pretrainer_step_calls_cudnn_in_every_block_and_the_last_block_on_its_qu
     dims = sorted(tuple(c[3]["cudnn_fmha_backend_config"]["intermediate_tensor_shape"]["dimensions"]) for c in forward)
     assert dims == sorted([(str(B), str(N), str(S), str(S)), (str(B), str(N), str(1 + preds), str(S))])
     assert len({c[3]["cudnn_fmha_backend_config"]["seed"] for c in forward}) == 2  # one seed per layer
+
+
+# --------------------------------------------------------------- the configuration, as XLA reads it
+def _file_descriptors(library: bytes, name: str):
+    """The serialized FileDescriptorProtos named `name` embedded in a shared library (protobuf's generated
+    code keeps each .proto's descriptor as bytes): from the name field on, as long as fields parse."""
+    from google.protobuf import descriptor_pb2
+
+    def varint(i):
+        value = shift = 0
+        while True:
+            byte = library[i]
+            value, shift, i = value | (byte & 0x7F) << shift, shift + 7, i + 1
+            if not byte & 0x80:
+                return value, i
+
+    key = name.encode()
+    start = library.find(b"\x0a" + bytes([len(key)]) + key)
+    while start >= 0:
+        i = start
+        while i < len(library):
+            tag, j = varint(i)
+            if not 0 < tag >> 3 <= 20 or tag & 7 not in (0, 2):
+                break
+            value, j = varint(j)
+            i = j if tag & 7 == 0 else j + value
+        descriptor = descriptor_pb2.FileDescriptorProto()
+        descriptor.ParseFromString(library[start:i])
+        if descriptor.message_type or descriptor.enum_type:
+            return descriptor
+        start = library.find(b"\x0a" + bytes([len(key)]) + key, start + 1)
+    raise LookupError(name)
+
+
+def test_backend_config_parses_as_tensorflows_own_gpu_backend_config():
+    """XLA reads the custom call's JSON into its GpuBackendConfig proto: parsed here strictly (an unknown
+    field or enum value fails) against that proto as TensorFlow's own library holds it."""
+    import os
+
+    from google.protobuf import descriptor_pool, json_format, message_factory
+
+    with open(os.path.join(os.path.dirname(tf.__file__), "libtensorflow_framework.so.2"), "rb") as f:
+        library = f.read()
+    pool, added = descriptor_pool.DescriptorPool(), set()
+
+    def add(name):
+        if name in added:
+            return
+        added.add(name)
+        if name.startswith("google/protobuf/"):
+            from google.protobuf import descriptor_pb2
+
+            descriptor = descriptor_pb2.FileDescriptorProto()
+            descriptor_pool.Default().FindFileByName(name).CopyToProto(descriptor)
+        else:
+            descriptor = _file_descriptors(library, name)
+            for dependency in descriptor.dependency:
+                add(dependency)
+        pool.Add(descriptor)
+
+    add("xla/service/gpu/backend_configs.proto")
+    config_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("xla.gpu.GpuBackendConfig"))
+    mask_kinds = pool.FindEnumTypeByName("xla.gpu.CudnnfMHABackendConfig.MaskType").values_by_name
+    for backward in (False, True):
+        text = fused_attention.backend_config(B, N, 4, S, tf.bfloat16, 0.25, 0.1, 7, backward)
+        config = json_format.Parse(text, config_class()).cudnn_fmha_backend_config
+        assert config.mask_type == mask_kinds["PADDING"].number and config.is_flash_attention
+        assert list(config.intermediate_tensor_shape.dimensions) == [B, N, 4, S] and config.seed == 7
+        assert config.dropout_rate == pytest.approx(0.1) and config.fmha_scale == pytest.approx(0.25)
+        dots = config.bmm1_grad_gemm1_dot_dimension_numbers if backward else config.bmm1_dot_dimension_numbers
+        assert list(dots.lhs_batch_dimensions) == [0, 1] and list(dots.lhs_contracting_dimensions) == [2 if backward else 3]
