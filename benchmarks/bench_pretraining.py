@@ -15,6 +15,10 @@ Variants, `{impl}-{precision}-{mode}`:
   hf-*     transformers BertForPreTraining (tanh GELU, sdpa attention, MLM head only at the masked
            positions), fused torch AdamW, 2 threads; eager or torch.compile of forward+loss,
            fp32 or bf16 (torch.autocast)
+  ours-*-xla+OPTION[+OPTION...]   a GPU candidate (MODEL_OPTIONS, XLA_PRESETS): +cudnn (cuDNN fused
+           attention), +whole (the whole step as one XLA program), +adrop0 (attention dropout 0),
+           +cb_off / +cb_fusion (XLA command buffers off / fusions only), +triton_off (no Triton GEMMs),
+           +cublaslt, +cudnn_ln (XLA flags of the variant's own process); benchmarks/gpu_matrix.py runs them
 
   pip install torch==2.13.0 transformers                      # for the hf-* variants (CPU build)
   python benchmarks/bench_pretraining.py                      # all variants, BERT-small
@@ -77,7 +81,9 @@ import sys
 import tempfile
 import time
 
-SIZES = {"tiny": (2, 128), "small": (4, 512), "base": (12, 768)}  # layers, hidden (tiny: tests)
+# layers, hidden (tiny: tests; base4: BERT-base's width and per-layer kernels in 4 layers, a fraction of its
+# compile time: the GPU candidates' A/B matrix, benchmarks/gpu_matrix.py)
+SIZES = {"tiny": (2, 128), "small": (4, 512), "base4": (4, 768), "base": (12, 768)}
 VOCAB = 30522
 # The CPU's default variants (fp16 has no fast CPU kernels: ours-fp16-* only on request).
 VARIANTS = [f"{impl}-{precision}-{mode}" for impl in ("ours", "tfm")
@@ -86,6 +92,68 @@ VARIANTS = [f"{impl}-{precision}-{mode}" for impl in ("ours", "tfm")
 GPU_VARIANTS = [f"ours-{precision}-{mode}" for precision in ("bf16", "fp16") for mode in ("xla", "graph")] + [
     "hf-bf16-eager", "hf-bf16-compile"]
 KNOWN_VARIANTS = list(dict.fromkeys(VARIANTS + GPU_VARIANTS))
+# GPU candidates (docs/accelerators.md), added to an ours-*-xla variant's name with "+", any number of them
+# (ours-bf16-xla+cudnn+whole): what the model or the step does differently...
+MODEL_OPTIONS = {
+    "cudnn": "cuDNN fused attention (BertEncoder attention_implementation='cudnn')",
+    "whole": "the whole step, optimizer update included, as one XLA program (TrainSettings.compile_whole_step)",
+    "adrop0": "attention dropout 0 instead of 0.1 (what attention dropout costs; measured only: another recipe)",
+}
+# ...and XLA flag presets, set in the variant's process environment (XLA_FLAGS, read once when TensorFlow
+# starts; appended to flags already there). Defaults in TensorFlow 2.20: command buffers (CUDA graphs) for
+# FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN; Triton GEMMs on; cuBLASLt off; cuDNN LayerNorm off.
+XLA_PRESETS = {
+    "cb_off": "--xla_gpu_enable_command_buffer=",
+    "cb_fusion": "--xla_gpu_enable_command_buffer=FUSION",
+    "triton_off": "--xla_gpu_enable_triton_gemm=false",
+    "cublaslt": "--xla_gpu_enable_cublaslt=true",
+    "cudnn_ln": "--xla_gpu_enable_cudnn_layer_norm=true",
+}
+
+
+def split_variant(name):
+    """'ours-bf16-xla+cudnn+whole' -> ('ours-bf16-xla', ['cudnn', 'whole'])."""
+    base, *options = name.split("+")
+    return base, options
+
+
+def variant_error(name):
+    """Why `name` is not a variant this benchmark runs, or None."""
+    base, options = split_variant(name)
+    if base not in KNOWN_VARIANTS:
+        return f"unknown variant {base}"
+    unknown = [o for o in options if o not in MODEL_OPTIONS and o not in XLA_PRESETS]
+    if unknown:
+        return f"{name}: unknown option(s) {', '.join(unknown)}; expected some of {', '.join([*MODEL_OPTIONS, *XLA_PRESETS])}"
+    if options and not (base.startswith("ours-") and base.endswith("-xla")):
+        return f"{name}: options apply to ours-*-xla variants only"
+    return None
+
+
+def xla_flags(name, flags=""):
+    """XLA_FLAGS for a variant's process: `flags` (the environment's) and its presets' flags."""
+    return " ".join([flags] + [XLA_PRESETS[o] for o in split_variant(name)[1] if o in XLA_PRESETS]).strip()
+
+
+def variant_env(env, name, xla_cache_dir=None):
+    """The environment of a variant's process: `env` with its XLA flag presets and, with xla_cache_dir,
+    TensorFlow's persistent XLA cache (as bert_tf.training.xla_cache.enable) in a folder per preset set:
+    the cache may not tell a program compiled under other XLA flags from this one (it checks the HLO)."""
+    out = dict(env, XLA_FLAGS=xla_flags(name, env.get("XLA_FLAGS", "")))
+    if xla_cache_dir:
+        presets = [o for o in split_variant(name)[1] if o in XLA_PRESETS]
+        folder = os.path.join(os.path.abspath(xla_cache_dir), *(["+".join(presets)] if presets else []))
+        out["TF_XLA_FLAGS"] = f"{env.get('TF_XLA_FLAGS', '')} --tf_xla_persistent_cache_directory={folder}".strip()
+    return out
+
+
+def bert_config(size, **overrides):
+    """The BertConfig of a SIZES name (vocab VOCAB)."""
+    from bert_tf.configs import BertConfig
+
+    if size == "base4":
+        return BertConfig.named("base", vocab_size=VOCAB, num_hidden_layers=SIZES[size][0], **overrides)
+    return BertConfig.named(size, vocab_size=VOCAB, **overrides)
 PEERS = ("tfm", "hf")  # variant prefixes of the peer implementations
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # variant name -> TrainSettings'
 # The matmul peak's shape: `reps` independent products of [n, n] x [n, n], `calls` times per trial.
@@ -292,10 +360,10 @@ def profile_steps(args) -> int:
     return min(args.steps, PROFILE_STEPS) if getattr(args, "profile_dir", None) else 0
 
 
-def run_ours(args, precision, xla):
+def run_ours(args, precision, xla, options=()):
     import shutil
 
-    from bert_tf.configs import BertConfig
+    from bert_tf.models.encoder import BertEncoder
     from bert_tf.models.pretrainer import BertPretrainer
     from bert_tf.training import loop
     from bert_tf.training import optimizer as optimizer_lib
@@ -306,16 +374,24 @@ def run_ours(args, precision, xla):
     retain_freed_memory()  # as run_pretraining.py (bert_flags.make_strategy)
     device = tf_device(args.device)
     layers, hidden = SIZES[args.size]
-    config = BertConfig.named(args.size, vocab_size=VOCAB)
+    config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))
+
+    def model_fn():
+        if "cudnn" in options:
+            encoder = BertEncoder(config, attention_implementation="cudnn")
+            return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
+        return BertPretrainer(config, skip_padding=not xla)
+
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
         timed_end = args.steps * (args.loops + 1)
         extra = profile_steps(args)  # profiled after the timed loops, in a host call of its own
         settings = loop.TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
                                       mixed_precision=precision, jit_compile=xla,
+                                      compile_whole_step="whole" in options,
                                       profile_steps=(timed_end + 1, timed_end + extra) if extra else None)
         trainer = loop.Trainer(
-            get_strategy("one_device"), settings, lambda: BertPretrainer(config, skip_padding=not xla), pretraining_loss_fn,
+            get_strategy("one_device"), settings, model_fn, pretraining_loss_fn,
             lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-4, 10000, 0), model_dir=model_dir,
             train_steps=timed_end + extra, global_batch_size=args.batch, checkpoint_input_pipeline=False)
         trainer.loop_history = _CpuStampedList()  # CPU time between loop records = the timed loops' CPU time
@@ -572,7 +648,8 @@ def torch_matmul_peak(dtype_name, device="cpu", trials=3):
 
 
 def worker(args):
-    impl, precision, mode = args.worker.split("-")
+    base, options = split_variant(args.worker)
+    impl, precision, mode = base.split("-")
     if impl == "read":
         try:
             real = read_real_batches(args.input_file, args.batch, args.steps * (args.loops + 1), args.batches_file,
@@ -594,8 +671,10 @@ def worker(args):
         print("RESULT" + json.dumps(dict(flops=matmul_peak(precision, args.device), device=tf_device(args.device))))
         return
     precision = PRECISIONS[precision]
-    fn = run_ours if impl == "ours" else run_tfm
-    print("RESULT" + json.dumps(fn(args, precision, mode == "xla")))
+    if impl == "ours":
+        print("RESULT" + json.dumps(run_ours(args, precision, mode == "xla", options)))
+        return
+    print("RESULT" + json.dumps(run_tfm(args, precision, mode == "xla")))
 
 
 def main():
@@ -626,6 +705,8 @@ def main():
     parser.add_argument("--xla_cache_dir", default=None,
                         help="TensorFlow's persistent XLA compilation cache for every variant (run_pretraining "
                              "--xla_cache_dir): with --rounds=2 the second round's compile s is what a repeated run pays")
+    parser.add_argument("--no_peaks", action="store_true",
+                        help="skip the matmul peaks (no MFU column): an A/B of variants that only compares them")
     parser.add_argument("--profile", action="store_true",
                         help="with --out_dir: profile a few steps of each ours-*/hf-* variant after its timed ones "
                              "and add their breakdown by kernel class to the report")
@@ -650,18 +731,16 @@ def main():
         args.inter_op_threads = 1 if args.device == "cpu" else 0  # 0: TensorFlow's default
     names = list(dict.fromkeys((args.variants or ",".join(
         GPU_VARIANTS if args.device == "gpu" else VARIANTS)).split(",")))
-    unknown = [v for v in names if v not in KNOWN_VARIANTS]
-    if unknown:
-        parser.error(f"unknown variant(s) {', '.join(unknown)}; expected some of {', '.join(KNOWN_VARIANTS)}")
+    errors = [e for e in map(variant_error, names) if e]
+    if errors:
+        parser.error(f"{'; '.join(errors)}; variants are some of {', '.join(KNOWN_VARIANTS)}, ours-*-xla with "
+                     f"+options (benchmarks/bench_pretraining.py MODEL_OPTIONS, XLA_PRESETS)")
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
     if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    if args.xla_cache_dir:
-        env["TF_XLA_FLAGS"] = (f"{env.get('TF_XLA_FLAGS', '')} "  # as bert_tf.training.xla_cache.enable
-                               f"--tf_xla_persistent_cache_directory={os.path.abspath(args.xla_cache_dir)}").strip()  # a CPU run on a GPU machine: neither framework sees the GPU
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU machine: neither framework sees the GPU
     keys = ("size", "batch", "seq", "preds", "steps", "loops", "inter_op_threads", "input_file", "device")
     failures = {}
 
@@ -675,12 +754,13 @@ def main():
             files["profile_dir"] = profile_dir(args, name)
         command = [sys.executable, os.path.abspath(__file__), f"--worker={name}"] + [
             f"--{k}={v}" for k, v in [(k, getattr(args, k)) for k in keys] + list(files.items()) if v is not None]
-        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        proc = subprocess.run(command, capture_output=True, text=True, env=variant_env(env, name, args.xla_cache_dir))
         if proc.returncode != 0 or "RESULT" not in proc.stdout:
             if fatal:  # the worker's last line is its one-line error
                 sys.exit(f"{name}: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
             print(f"{name}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             failures.setdefault(name, proc.stderr[-4000:])
+            progress(args, dict(variant=name, failed=failure_line(proc.stderr)))
             return None
         return json.loads(proc.stdout.split("RESULT", 1)[1])
 
@@ -707,6 +787,22 @@ def main():
             json.dump(record, f, indent=1, sort_keys=True)
         with open(os.path.join(args.out_dir, "report.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def failure_line(stderr: str) -> str:
+    """The line of a failed worker's stderr that says why: the last one that is not a traceback's
+    indented context or TensorFlow's op-name trailer."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip() and not line[0].isspace()]
+    return (lines or ["failed"])[-1]
+
+
+def progress(args, record) -> None:
+    """Appends one variant's result (or failure) to <out_dir>/progress.jsonl as soon as it is measured, so
+    a run cut short (a GPU session's time running out) still leaves what it measured."""
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, "progress.jsonl"), "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def profile_dir(args, name) -> str:
@@ -744,6 +840,8 @@ def peak_names(args, names):
     """The matmul peaks a run measures: TensorFlow's for ours/tfm, PyTorch's when hf-* runs, each in bf16,
     in its variants' precisions, and in fp32 on a CPU (its historical baseline)."""
     out = []
+    if getattr(args, "no_peaks", False):
+        return out
     for lib, impls in (("peak", ("ours", "tfm")), ("torchpeak", ("hf",))):
         mine = {n.split("-")[1] for n in names if n.split("-")[0] in impls}
         if mine:
@@ -776,6 +874,7 @@ def report(args, names, run):
             result = run(name)
             if result:
                 by_round[r][name] = result
+                progress(args, dict(variant=name, round=r + 1, **result))
                 print(f"round {r + 1} {name:18s} {result['seq_per_s']:7.2f} seq/s "
                       f"{result['cpu_s_per_seq']:6.3f} CPU-s/seq compile {result['compile_s']:6.1f} s "
                       f"({result.get('compile_cpu_s', float('nan')):.1f} CPU-s) "
@@ -805,7 +904,8 @@ def report(args, names, run):
     best_peer_name = max(peer, key=lambda k: peer[k]["seq_per_s"], default=None)
     best_peer = peer[best_peer_name]["seq_per_s"] if peer else None
     least_peer_cpu = min((v["cpu_s_per_seq"] for v in peer.values()), default=None)
-    say(f"{'variant':18s} {'seq/s':>8s} {'vs best peer':>12s} {'CPU-s/seq':>9s} {'vs peer':>7s} {'MFU':>6s} "
+    width = max([18] + [len(n) for n in ok])  # a variant with + options is longer
+    say(f"{'variant':{width}s} {'seq/s':>8s} {'vs best peer':>12s} {'CPU-s/seq':>9s} {'vs peer':>7s} {'MFU':>6s} "
         f"{'real tok/s':>10s} {'compile s':>9s} {'loss':>8s} {'params':>11s}  device")
     for name, r in ok.items():
         precision = name.split("-")[1]
@@ -814,7 +914,7 @@ def report(args, names, run):
         ratio = r["seq_per_s"] / best_peer if best_peer else float("nan")
         cpu_ratio = least_peer_cpu / r["cpu_s_per_seq"] if least_peer_cpu else float("nan")
         mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "   n/a"
-        say(f"{name:18s} {r['seq_per_s']:8.2f} {ratio:11.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
+        say(f"{name:{width}s} {r['seq_per_s']:8.2f} {ratio:11.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
             f"{mfu} {r['real_tokens_per_s']:10.0f} {r['compile_s']:9.1f} {r['loss']:8.4f} {r['params']:11,d}  "
             f"{r['device']}")
     ours = {k: v for k, v in ok.items() if k.startswith("ours")}

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The GPU measurements of docs/accelerators.md ("Measuring on a GPU"), one phase per call, results under
 # $OUT (or ./gpu_results). Run from the project root with TensorFlow, PyTorch and transformers importable:
+#   bash benchmarks/gpu_session.sh matrix     # the GPU candidates within BUDGET_S seconds (default 480): smoke
+#                                             # check, A/B matrix on 4 layers of BERT-base width, the best
+#                                             # combination, the winner vs HF torch.compile on BERT-base with
+#                                             # profiles, then fine-tuning and the accuracy check while time is left
+#                                             # (benchmarks/gpu_matrix.py; DRY_RUN=1: the same on a CPU, tiny sizes;
+#                                             # MINILM_DIR: the accuracy check's weights where not installed)
 #   bash benchmarks/gpu_session.sh speed      # ours (bf16/fp16, XLA or not) vs HF eager / torch.compile, BERT-base
 #                                             # seq 128 batch 256, with profiles and their breakdown (~8 min on an H200)
 #   bash benchmarks/gpu_session.sh accuracy   # the short recipe: CPU fp32 vs GPU bf16 / fp16 under XLA, 2 seeds each
@@ -12,6 +18,9 @@ out=${OUT:-gpu_results}
 phase=${1:-smoke}
 mkdir -p "$out/$phase"
 case "$phase" in
+  matrix)
+    python benchmarks/gpu_matrix.py --out_dir="$out/$phase" --budget_s="${BUDGET_S:-480}" ${DRY_RUN:+--dry_run} \
+      ${MINILM_DIR:+--init_checkpoint="$MINILM_DIR"} ;;
   smoke)
     python benchmarks/bench_pretraining.py --device=gpu --size=tiny --batch=32 --steps=2 --loops=1 \
       --out_dir="$out/$phase" --profile ;;
@@ -25,5 +34,5 @@ case "$phase" in
     python benchmarks/bench_pretraining.py --device=gpu --size=base --batch=32 --steps=10 --loops=2 \
       --input_file="${2:?records}" --pack_sequences --variants=ours-bf16-xla,hf-bf16-compile \
       --out_dir="$out/$phase" --xla_cache_dir="$out/xla_cache" ;;
-  *) echo "unknown phase $phase: smoke, speed, accuracy or packed" >&2; exit 2 ;;
+  *) echo "unknown phase $phase: matrix, smoke, speed, accuracy or packed" >&2; exit 2 ;;
 esac

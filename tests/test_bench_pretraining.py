@@ -111,3 +111,39 @@ def test_worker_reports_device_compile_and_real_token_rate(impl, tmp_path):
     assert r["first_call_s"] >= r["compile_s"] >= 0 and np.isfinite(r["loss"])
     summary = benchmark_module("trace_summary").summarise(str(tmp_path / impl))
     assert summary["source"] == str(trace) and summary["classes"]["matmul"]["kernels"] > 0
+
+
+def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
+    bench = benchmark_module("bench_pretraining")
+    assert bench.split_variant("ours-bf16-xla+cudnn+cb_off") == ("ours-bf16-xla", ["cudnn", "cb_off"])
+    assert bench.variant_error("ours-bf16-xla+cudnn+whole+adrop0+triton_off") is None
+    assert bench.variant_error("ours-bf16-xla+flash") == (
+        "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, whole, adrop0, cb_off, cb_fusion, "
+        "triton_off, cublaslt, cudnn_ln")
+    assert bench.variant_error("hf-bf16-compile+cb_off") == "hf-bf16-compile+cb_off: options apply to ours-*-xla variants only"
+    assert bench.variant_error("ours-bf16-graph+whole") == "ours-bf16-graph+whole: options apply to ours-*-xla variants only"
+    assert bench.variant_error("ours-int8-xla") == "unknown variant ours-int8-xla"
+    # The presets' flags join the environment's (on_gpu.sh puts --xla_gpu_cuda_data_dir there); model options add none.
+    assert bench.xla_flags("ours-bf16-xla+cudnn+cb_off+cublaslt", "--xla_gpu_cuda_data_dir=/cuda") == (
+        "--xla_gpu_cuda_data_dir=/cuda --xla_gpu_enable_command_buffer= --xla_gpu_enable_cublaslt=true")
+    assert bench.xla_flags("ours-bf16-xla", "") == ""
+    # The XLA cache: a folder per preset set, so no variant loads a program compiled under other flags.
+    env = bench.variant_env(dict(TF_XLA_FLAGS="--tf_xla_auto_jit=0"), "ours-bf16-xla+whole+cb_off+cublaslt", "/c")
+    assert env["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory=/c/cb_off+cublaslt"
+    assert bench.variant_env({}, "ours-bf16-xla+cudnn", "/c")["TF_XLA_FLAGS"] == (
+        "--tf_xla_persistent_cache_directory=/c")
+    assert "TF_XLA_FLAGS" not in bench.variant_env({}, "ours-bf16-xla+cb_off")
+    base4 = bench.bert_config("base4", attention_probs_dropout_prob=0.0)
+    assert (base4.num_hidden_layers, base4.hidden_size, base4.num_attention_heads, base4.intermediate_size) == (
+        4, 768, 12, 3072) and base4.attention_probs_dropout_prob == 0.0
+    assert bench.peak_names(argparse.Namespace(device="gpu", no_peaks=True), ["ours-bf16-xla"]) == []
+
+
+def test_bad_candidate_variant_is_one_line_error_before_any_run(monkeypatch, capsys, tmp_path):
+    bench = benchmark_module("bench_pretraining")
+    monkeypatch.setattr("sys.argv", ["bench_pretraining.py", "--device=cpu", "--variants=ours-bf16-xla+warp",
+                                     f"--out_dir={tmp_path}/out"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2 and "ours-bf16-xla+warp: unknown option(s) warp" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

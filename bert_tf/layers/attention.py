@@ -5,16 +5,21 @@ self-attention), N heads, D head size (H / N), H hidden size.
 """
 
 import math
+import zlib
 
 import keras
 import tensorflow as tf
 from keras import ops
 
+from bert_tf.layers import fused_attention
 from bert_tf.layers.dropout import Dropout, apply_keep_mask, seed_words
 from bert_tf.layers.layout import TokenLayout
 
 # Added to the scores of masked positions before the softmax (the original's value).
 MASKED_SCORE_BIAS = -10000.0
+# How training computes softmax(q k^T) v: "xla", TensorFlow's ops (what XLA fuses under jit_compile, the
+# default); "cudnn", cuDNN's fused flash attention under XLA on an NVIDIA GPU (layers/fused_attention.py).
+ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
 
 
 def attention_bias_from_mask(input_mask):
@@ -79,6 +84,12 @@ class SelfAttention(keras.layers.Layer):
 
     The softmax runs in float32 under mixed precision: scores are cast up, the
     mask bias added, normalised, and the probabilities cast back down.
+
+    attention_implementation="cudnn" computes training calls with cuDNN's fused
+    attention (fused_attention.py: a jit-compiled step on an NVIDIA GPU, bfloat16
+    or float16, unpacked rows whose real tokens come first, not causal; attention
+    dropout is cuDNN's, with a seed fixed per layer); inference calls keep the
+    ops of "xla" (the same function), so models build, evaluate and export anywhere.
     """
 
     def __init__(
@@ -88,9 +99,15 @@ class SelfAttention(keras.layers.Layer):
         dropout_rate: float,
         initializer_range: float,
         causal: bool = False,
+        attention_implementation: str = "xla",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention_implementation must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, "
+                             f"got {attention_implementation!r}")
+        if attention_implementation == "cudnn" and causal:
+            raise ValueError("cudnn attention takes a padding mask only; a causal encoder needs the xla one")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
         self.hidden_size = hidden_size
@@ -99,6 +116,7 @@ class SelfAttention(keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.initializer_range = initializer_range
         self.causal = causal  # left-to-right: position f attends to t <= f only
+        self.attention_implementation = attention_implementation
 
         def dense(name):
             return keras.layers.Dense(
@@ -143,6 +161,15 @@ class SelfAttention(keras.layers.Layer):
         q = query_layout.to_heads(self.query(queries), self.num_heads)  # [B, N, F, D]
         k = layout.to_heads(self.key(x), self.num_heads)  # [B, N, T, D]
         v = layout.to_heads(self.value(x), self.num_heads)  # [B, N, T, D]
+        if self.attention_implementation == "cudnn" and training:
+            context = self._cudnn_context(q, k, v, input_mask, separate_queries=queries is not x)  # [B, N, F, D]
+        else:
+            context = self._context(q, k, v, input_mask, layout, training)  # [B, N, F, D]
+        out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]
+        return query_layout.to_grid(out) if grid_input else out
+
+    def _context(self, q, k, v, input_mask, layout, training):
+        """softmax(q k^T / sqrt(D) + mask bias) v in TensorFlow's ops: [B, N, F, D]."""
         scores = tf.matmul(q, k, transpose_b=True)  # [B, N, F, T]
         scale = 1.0 / math.sqrt(self.head_size)
         bias = attention_bias_from_mask(input_mask)  # [B, 1, 1, T]
@@ -155,9 +182,21 @@ class SelfAttention(keras.layers.Layer):
             # on a one-token batch, as the Trainer finds its metric names; one key is a valid attention).
             probs = tf.nn.softmax(ops.cast(scores, "float32") * scale + bias, axis=-1)  # [B, N, F, T], float32
             probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
-        context = ops.matmul(probs, v)  # [B, N, F, D]
-        out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]
-        return query_layout.to_grid(out) if grid_input else out
+        return ops.matmul(probs, v)  # [B, N, F, D]
+
+    def _cudnn_context(self, q, k, v, input_mask, separate_queries: bool):
+        """The same through cuDNN's fused attention: [B, N, F, D]. Each row's keys are its first
+        sum(input_mask) positions (at least one: the XLA path gives a row without keys uniform
+        weights); its queries the same ones, or all F when the queries are apart (the last block's)."""
+        if len(input_mask.shape) != 2:
+            raise ValueError("cudnn attention takes an input_mask [B, S]; packed rows need the xla attention")
+        key_lengths = ops.maximum(ops.sum(ops.cast(input_mask, "int32"), axis=1), 1)  # [B]
+        query_lengths = ops.full_like(key_lengths, ops.shape(q)[2]) if separate_queries else key_lengths
+        rate = float(self.dropout.rate) if self.dropout.fusable(True) else 0.0
+        # A fixed seed per layer (cuDNN's mask is an attribute of the compiled call, not a tensor).
+        seed = zlib.crc32(self.path.encode()) % 2**31
+        return fused_attention.fused_attention(q, k, v, query_lengths, key_lengths, 1.0 / math.sqrt(self.head_size),
+                                               dropout_rate=rate, seed=seed)
 
     def get_config(self):
         config = super().get_config()
@@ -167,5 +206,6 @@ class SelfAttention(keras.layers.Layer):
             dropout_rate=self.dropout_rate,
             initializer_range=self.initializer_range,
             causal=self.causal,
+            attention_implementation=self.attention_implementation,
         )
         return config

@@ -31,6 +31,7 @@ class TransformerBlock(keras.layers.Layer):
         initializer_range: float,
         causal: bool = False,
         layer_norm_eps: float = LAYER_NORM_EPSILON,
+        attention_implementation: str = "xla",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -43,12 +44,13 @@ class TransformerBlock(keras.layers.Layer):
         self.initializer_range = initializer_range
         self.causal = causal
         self.layer_norm_eps = layer_norm_eps
+        self.attention_implementation = attention_implementation
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         policy = self.dtype_policy
 
         self.attention = SelfAttention(
             hidden_size, num_heads, attention_dropout_rate, initializer_range, causal=causal, name="attention",
-            dtype=policy,
+            attention_implementation=attention_implementation, dtype=policy,
         )
         self.attention_dropout = Dropout(hidden_dropout_rate, dtype=policy)
         self.attention_layer_norm = LayerNorm(
@@ -113,5 +115,6 @@ class TransformerBlock(keras.layers.Layer):
             initializer_range=self.initializer_range,
             causal=self.causal,
             layer_norm_eps=self.layer_norm_eps,
+            attention_implementation=self.attention_implementation,
         )
         return config

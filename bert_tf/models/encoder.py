@@ -68,12 +68,19 @@ class BertEncoder(keras.Model):
     whole input, as GPT's classifier does) instead of [CLS]. The weights are
     the same variables, so checkpoints do not say whether they are causal; the
     model directory's bert_tf_info.json does ("causal_attention").
+
+    `attention_implementation` picks how training computes attention
+    (layers/attention.py ATTENTION_IMPLEMENTATIONS): "xla" (the default), or
+    "cudnn", cuDNN's fused attention in an XLA-compiled step on an NVIDIA GPU.
+    The same variables and the same function: checkpoints do not record it.
     """
 
-    def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False, **kwargs):
+    def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False,
+                 attention_implementation: str = "xla", **kwargs):
         super().__init__(name=name, **kwargs)
         self.config = config
         self.causal = causal
+        self.attention_implementation = attention_implementation
         policy = self.dtype_policy
         # --- layers
         self.embeddings = BertEmbeddings(
@@ -100,6 +107,7 @@ class BertEncoder(keras.Model):
                 initializer_range=config.initializer_range,
                 causal=causal,
                 layer_norm_eps=config.layer_norm_eps,
+                attention_implementation=attention_implementation,
                 name=f"layer_{i}",
                 dtype=policy,
             )
@@ -232,12 +240,13 @@ class BertEncoder(keras.Model):
     # --- config
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal,
-                "dtype": self.dtype_policy.name}
+                "attention_implementation": self.attention_implementation, "dtype": self.dtype_policy.name}
 
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
-                   causal=config.get("causal", False), dtype=config.get("dtype"))
+                   causal=config.get("causal", False),
+                   attention_implementation=config.get("attention_implementation", "xla"), dtype=config.get("dtype"))
 
 
     @property

@@ -108,6 +108,10 @@ class TrainSettings:
     clip_norm: float = optimizer_lib.CLIP_NORM
     mixed_precision: str = "float32"
     jit_compile: bool = False
+    # The whole step (forward, loss, gradients, clipping, optimizer update) as one XLA program rather
+    # than the gradient step and the update apart (step.py TrainStep whole_step): a GPU candidate,
+    # one device, with jit_compile.
+    compile_whole_step: bool = False
     iterations_per_loop: int = 1000
     save_checkpoints_steps: int = 1000
     keep_checkpoint_max: int = 5
@@ -238,7 +242,8 @@ class Trainer:
         self._init_fn = init_fn
         self._live_input = None  # (dataset_fn, signature, iterator, step): the input kept between train() calls
         self.step = TrainStep(strategy, self.model, self.optimizer, loss_fn, micro_batches=settings.num_micro_batches,
-                              clip_norm=settings.clip_norm, jit_compile=settings.jit_compile, loss_scale=self.loss_scale)
+                              clip_norm=settings.clip_norm, jit_compile=settings.jit_compile, loss_scale=self.loss_scale,
+                              whole_step=settings.compile_whole_step)
         self._grad_fn, self._eval_fn = self.step.grad_fn, self.step.eval_fn  # (tests and benchmarks read them)
         self.reporter = Reporter(model_dir, self.is_chief)
         self._train_loops = {}

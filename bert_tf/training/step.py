@@ -7,6 +7,10 @@
     clipping folded into the optimizer's update, float16 dynamic loss scaling (skip the update and
     halve on overflow);
   * the evaluation step's metric terms.
+With `whole_step` (a GPU candidate) the replica step itself is one XLA program: forward, loss,
+gradients, clipping and the optimizer update (and the loss-scale update) compiled together, instead
+of the gradient step and the optimizer's own update programs apart. One device only: the all-reduce
+then has nothing to reduce, and the update is the same arithmetic as the default's.
 Metrics travel as (value x weight, weight) terms so that sums over steps and replicas average with
 the weights (e.g. masked-LM accuracy over real predictions). No directory, checkpoint, summary
 writer or host clock is seen here: the loop (inner_loop.py) runs these steps, the Trainer (loop.py)
@@ -89,10 +93,12 @@ class TrainStep:
       clip_norm: global-norm clipping of the summed gradients (0: none).
       jit_compile: XLA-compile the gradient step and the evaluation step.
       loss_scale: a LossScale (float16) or None.
+      whole_step: compile the whole replica step (update included) as one XLA program (needs
+        jit_compile and one replica).
     """
 
     def __init__(self, strategy, model, optimizer, loss_fn, *, micro_batches: int, clip_norm: float,
-                 jit_compile: bool, loss_scale=None):
+                 jit_compile: bool, loss_scale=None, whole_step: bool = False):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -105,6 +111,13 @@ class TrainStep:
         # (a loss_fn that needs some uses tf.cond / keras.ops.cond).
         self.grad_fn = tf.function(self.compute_grads, jit_compile=jit_compile, autograph=False)
         self.eval_fn = tf.function(self.eval_terms, jit_compile=jit_compile, autograph=False)
+        if whole_step and not jit_compile:
+            raise ValueError("whole_step compiles the step with XLA: it needs jit_compile")
+        if whole_step and strategy.num_replicas_in_sync != 1:
+            raise ValueError(f"whole_step runs on one device, not {strategy.num_replicas_in_sync} replicas")
+        # The gradient step and the update's programs are inlined into the one compiled function.
+        self.whole_step_fn = (tf.function(self._replica_step, jit_compile=True, autograph=False)
+                              if whole_step else None)
 
     def compute_grads(self, batch):
         """One micro-batch: (loss, metric terms, grads of loss / (replicas * micro-batches))."""
@@ -124,6 +137,11 @@ class TrainStep:
     @tf.autograph.experimental.do_not_convert
     def replica_step(self, batch):
         """One optimizer step on this replica's batch (inside strategy.run): (loss, metric terms, gradient norm)."""
+        if self.whole_step_fn is not None:
+            return self.whole_step_fn(batch)
+        return self._replica_step(batch)
+
+    def _replica_step(self, batch):
         k = self.micro_batches
         if k == 1:
             loss, terms, grads = self.grad_fn(batch)

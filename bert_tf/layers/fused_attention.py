@@ -1,0 +1,113 @@
+"""cuDNN's fused (flash) attention, reached from an XLA-compiled TensorFlow step (a GPU candidate).
+
+TensorFlow has no op for cuDNN's fused attention and Keras 3's `dot_product_attention(
+flash_attention=True)` refuses the TensorFlow backend, but XLA's GPU backend still runs the custom
+calls JAX emits for it. `fused_attention` emits them with `xla.custom_call_v2`: the forward call
+`__cudnn$fmhaSoftmax` (`__cudnn$fmhaSoftmaxDropout` with attention dropout) returns the context and
+the softmax statistics, and `tf.custom_gradient` wires the backward call, which recomputes the
+probabilities from those statistics instead of keeping the [B, N, F, T] matrix (the memory traffic
+is the gain: at seq 128 attention is a few percent of BERT-base's FLOPs).
+
+BERT's padding mask is cuDNN's PADDING mask: per-row query and key lengths, the real tokens first
+(as in every unpacked BERT batch). The custom calls have only a GPU implementation: they compile
+inside a `jit_compile` step on a GPU, and on a CPU only lower to HLO (what the tests check).
+JSON layout of the configuration: JAX's `jax/_src/cudnn/fused_attention_stablehlo.py` (BNTH).
+
+Dimensions: B batch, N heads, F query positions, T key positions, D head size.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
+
+FORWARD_TARGETS = {False: "__cudnn$fmhaSoftmax", True: "__cudnn$fmhaSoftmaxDropout"}  # keyed by dropout
+BACKWARD_TARGETS = {False: "__cudnn$fmhaSoftmaxBackward", True: "__cudnn$fmhaSoftmaxDropoutBackward"}
+_DTYPE_NAMES = {tf.bfloat16: "BF16", tf.float16: "F16"}
+# The head size cuDNN's flash kernels take (cuDNN 9: at most 128 on every card, a multiple of 8).
+MAX_HEAD_SIZE = 128
+
+# (lhs contracting, rhs contracting) of the six products on [B, N, *, *] operands, batch dims (0, 1):
+# Q K^T, P V; the backward's dP^T Q -> dK, dP K -> dQ, P^T dO -> dV, dO V^T -> dP.
+_FORWARD_DOTS = {"bmm1_dot_dimension_numbers": (3, 3), "bmm2_dot_dimension_numbers": (3, 2)}
+_BACKWARD_DOTS = {"bmm1_grad_gemm1_dot_dimension_numbers": (2, 2), "bmm1_grad_gemm2_dot_dimension_numbers": (3, 2),
+                  "bmm2_grad_gemm1_dot_dimension_numbers": (2, 2), "bmm2_grad_gemm2_dot_dimension_numbers": (3, 3)}
+
+
+def backend_config(batch: int, heads: int, queries: int, keys: int, dtype, scale: float, dropout_rate: float,
+                   seed: int, backward: bool) -> str:
+    """The custom call's JSON GpuBackendConfig: flash attention, PADDING mask, BNTH operands."""
+    dots = _BACKWARD_DOTS if backward else _FORWARD_DOTS
+    config = {
+        "algorithm": {"algo_id": "0", "math_type": "TENSOR_OP_MATH", "tuning_knobs": {"17": "1", "24": "0"},
+                      "is_cudnn_frontend": True, "workspace_size": "0"},
+        "fmha_scale": float(scale),
+        "dropout_rate": float(dropout_rate),
+        "seed": int(seed),
+        "intermediate_tensor_shape": {
+            "element_type": _DTYPE_NAMES[tf.as_dtype(dtype)],
+            "dimensions": [str(d) for d in (batch, heads, queries, keys)],
+            "tuple_shapes": [],
+            "layout": {"minor_to_major": ["3", "2", "1", "0"], "tiles": [], "element_size_in_bits": "0",
+                       "memory_space": "0", "index_primitive_type": "PRIMITIVE_TYPE_INVALID",
+                       "pointer_primitive_type": "PRIMITIVE_TYPE_INVALID",
+                       "dynamic_shape_metadata_prefix_bytes": "0"},
+            "is_dynamic_dimension": [False] * 4,
+        },
+        "is_flash_attention": True,
+        "mask_type": "PADDING",
+        "sliding_window_length": 0,
+    }
+    for name, (lhs, rhs) in dots.items():
+        config[name] = {"lhs_contracting_dimensions": [str(lhs)], "rhs_contracting_dimensions": [str(rhs)],
+                        "lhs_batch_dimensions": ["0", "1"], "rhs_batch_dimensions": ["0", "1"]}
+    return json.dumps({"operation_queue_id": "0", "wait_on_operation_queues": [], "cudnn_fmha_backend_config": config})
+
+
+def check_supported(head_size: int, dtype) -> None:
+    """One-line ValueError for a head size or dtype cuDNN's flash attention does not take."""
+    if head_size > MAX_HEAD_SIZE or head_size % 8:
+        raise ValueError(f"cudnn attention needs a head size of at most {MAX_HEAD_SIZE} and a multiple of 8, "
+                         f"got {head_size}")
+    if tf.as_dtype(dtype) not in _DTYPE_NAMES:
+        raise ValueError(f"cudnn attention runs in bfloat16 or float16 (mixed precision), got {tf.as_dtype(dtype).name}")
+
+
+def fused_attention(q, k, v, query_lengths, key_lengths, scale: float, dropout_rate: float = 0.0, seed: int = 0):
+    """softmax(q k^T * scale, keys masked beyond each row's length) v, with dropout on the probabilities.
+
+    q: [B, N, F, D], k, v: [B, N, T, D] bfloat16 or float16, static shapes; query_lengths, key_lengths:
+    int [B], each row's real queries and keys (the first ones); dropout_rate with a fixed `seed`
+    (an attribute of the call, not a tensor: cuDNN's own dropout mask). -> context [B, N, F, D];
+    padded queries get zeros. Only inside a jit-compiled function (XLA), run on an NVIDIA GPU.
+    """
+    batch, heads, queries, head_size = q.shape.as_list()
+    keys = k.shape.as_list()[2]
+    if None in (batch, heads, queries, head_size, keys):
+        raise ValueError(f"cudnn attention needs static shapes (XLA), got q {q.shape} and k {k.shape}")
+    check_supported(head_size, q.dtype)
+    dropout = dropout_rate > 0
+    lengths = [tf.cast(query_lengths, tf.int32), tf.cast(key_lengths, tf.int32)]  # [B] each
+    configs = {backward: backend_config(batch, heads, queries, keys, q.dtype, scale, dropout_rate, seed, backward)
+               for backward in (False, True)}
+    stats_spec = tf.TensorSpec([batch, heads, queries], tf.float32)  # the softmax statistics (log-sum-exp)
+    workspace = tf.TensorSpec([0], tf.uint8)  # sized by XLA
+
+    @tf.custom_gradient
+    def attend(q, k, v):
+        out, stats, _ = xla.custom_call_v2(
+            FORWARD_TARGETS[dropout], [q, k, v, *lengths],
+            [tf.TensorSpec(q.shape, q.dtype), stats_spec, workspace], backend_config=configs[False])
+
+        def grad(d_out):
+            dq, dk, dv, _ = xla.custom_call_v2(
+                BACKWARD_TARGETS[dropout], [q, k, v, stats, tf.cast(d_out, q.dtype), out, *lengths],
+                [tf.TensorSpec(q.shape, q.dtype), tf.TensorSpec(k.shape, k.dtype), tf.TensorSpec(v.shape, v.dtype),
+                 workspace], backend_config=configs[True])
+            return dq, dk, dv
+
+        return out, grad
+
+    return attend(q, k, v)

@@ -1,0 +1,78 @@
+"""benchmarks/gpu_matrix.py: the GPU session's choices from measured numbers, its budget, and its dry run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, benchmark_module
+
+BASE = "ours-bf16-xla"
+
+
+def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
+    matrix = benchmark_module("gpu_matrix")
+    results = {BASE: dict(seq_per_s=100.0), f"{BASE}+cudnn": dict(seq_per_s=110.0),
+               f"{BASE}+whole": dict(seq_per_s=101.0),  # within NOISE: left out
+               f"{BASE}+adrop0": dict(seq_per_s=130.0),  # another recipe: measured only
+               f"{BASE}+cb_off": dict(seq_per_s=104.0), f"{BASE}+cb_fusion": dict(seq_per_s=106.0),  # one flag
+               f"{BASE}+cublaslt": dict(seq_per_s=90.0)}
+    ratios = matrix.speedups(results)
+    assert ratios[f"{BASE}+cudnn"] == pytest.approx(1.1) and ratios[BASE] == 1.0
+    assert matrix.choose_combination(ratios) == ["cudnn", "cb_fusion"]
+    assert matrix.variant(["cudnn", "cb_fusion"]) == f"{BASE}+cudnn+cb_fusion"
+    # The winner: against its own run's baseline, never a measured-only option.
+    assert matrix.winner({**ratios, f"{BASE}+cudnn+cb_fusion": 1.15}) == f"{BASE}+cudnn+cb_fusion"
+    assert matrix.winner(ratios) == f"{BASE}+cudnn"
+    assert matrix.winner({}) == BASE and matrix.speedups({f"{BASE}+cudnn": dict(seq_per_s=1.0)}) == {}
+    assert matrix.choose_combination({BASE: 1.0, f"{BASE}+whole": 0.99}) == []
+
+
+def test_progress_keeps_each_variants_best_round_and_skips_failures(tmp_path):
+    matrix = benchmark_module("gpu_matrix")
+    lines = [dict(variant=BASE, round=1, seq_per_s=10.0), dict(variant=BASE, round=2, seq_per_s=12.0),
+             dict(variant=f"{BASE}+cudnn", failed="No registered implementation")]
+    (tmp_path / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert matrix.read_progress(str(tmp_path)) == {BASE: lines[1]}
+    assert matrix.read_progress(str(tmp_path / "none")) == {}
+
+
+def test_a_spent_budget_skips_every_step_and_says_so(tmp_path):
+    out = tmp_path / "session"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_matrix.py", f"--out_dir={out}", "--budget_s=1"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (out / "session.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["status"]) for r in records] == [
+        ("smoke", "skipped"), ("matrix", "skipped"), ("combination", "skipped"), ("winner", BASE),
+        ("base", "skipped"), ("finetune", "skipped"), ("accuracy", "skipped"), ("session", "end")]
+    assert records[0]["reason"].startswith("45 s expected")
+    assert "winner: ours-bf16-xla" in (out / "summary.md").read_text()
+
+
+def test_unknown_step_or_candidate_is_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_matrix.py", f"--out_dir={tmp_path}/o",
+                           "--candidates=cudnn,warp"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and "unknown step or candidate warp" in proc.stderr.strip().splitlines()[-1]
+    assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.slow  # two bench_pretraining variants at BERT-tiny under XLA, each in its own process (~90 s)
+def test_dry_run_measures_the_matrix_and_names_a_winner(tmp_path):
+    out = tmp_path / "dry"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_matrix.py", "--dry_run", f"--out_dir={out}",
+                           "--steps=matrix,combination", "--candidates=whole", "--budget_s=900"],
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "session.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["status"]) for r in records if r["step"] != "winner"] == [
+        ("matrix", "started"), ("matrix", "done"), ("combination", "skipped"), ("session", "end")]
+    measured = benchmark_module("gpu_matrix").read_progress(str(out / "matrix"))
+    assert sorted(measured) == [BASE, f"{BASE}+whole"]
+    assert all(r["seq_per_s"] > 0 and r["device"] for r in measured.values())
+    (winner,) = [r["status"] for r in records if r["step"] == "winner"]
+    assert winner in measured
+    text = (out / "summary.md").read_text()
+    assert f"| matrix | {BASE} |" in text and f"| matrix | {BASE}+whole |" in text and f"winner: {winner}" in text
+    assert (out / "matrix" / "results.json").exists() and (out / "matrix" / "report.txt").exists()
