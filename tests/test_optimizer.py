@@ -33,6 +33,21 @@ def _variables():
     return [tf.Variable(rng.normal(size=s).astype(np.float32), name=n) for n, s in zip(names, shapes, strict=True)], names
 
 
+def test_a_compiled_schedule_takes_its_length_as_an_input_not_a_constant():
+    """A program that computes the rate (the whole step under XLA) is the same for any number of steps, so a
+    run resumed to a larger num_train_steps loads it from the XLA cache instead of compiling it again."""
+    import re
+
+    def hlo(total):
+        schedule = opt.WarmupLinearDecay(1e-4, total, 10)
+        program = tf.function(lambda step: schedule(step), jit_compile=True)
+        assert float(program(tf.constant(10))) == pytest.approx(1e-4 * (1 - 10 / total), rel=1e-6)
+        return re.sub(r"_\d+", "_N", program.experimental_get_compiler_ir(tf.constant(3))(stage="hlo"))
+
+    short, long = hlo(12345), hlo(54321)
+    assert short == long and "12345" not in short and "parameter(3)" in short
+
+
 def test_adamw_steps_match_numpy():
     variables, names = _variables()
     peak, total, warmup = 0.1, 10, 3

@@ -68,15 +68,19 @@ class WarmupLinearDecay:
         self.peak_learning_rate = float(peak_learning_rate)
         self.num_train_steps = int(num_train_steps)
         self.num_warmup_steps = int(num_warmup_steps)
+        # Tensors made here, not Python numbers: a compiled program that computes the rate (the whole
+        # step as one XLA program) captures them as inputs instead of folding them in as constants, so
+        # a run resumed to more steps is the same program and loads it from the XLA cache (xla_cache.py).
+        self._peak, self._total, self._warmup = (tf.constant(float(v), tf.float32) for v in (
+            peak_learning_rate, num_train_steps, num_warmup_steps))
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
-        total = float(self.num_train_steps)
-        decayed = self.peak_learning_rate * (1.0 - tf.minimum(step, total) / total)
+        decayed = self._peak * (1.0 - tf.minimum(step, self._total) / self._total)
         if not self.num_warmup_steps:
             return decayed
-        warmup = self.peak_learning_rate * step / float(self.num_warmup_steps)
-        return tf.where(step < float(self.num_warmup_steps), warmup, decayed)
+        warmup = self._peak * step / self._warmup
+        return tf.where(step < self._warmup, warmup, decayed)
 
 
 class _Untracked:
