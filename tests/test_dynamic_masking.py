@@ -5,6 +5,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -257,3 +258,50 @@ def test_killed_and_resumed_draws_the_uninterrupted_masks(dyn, tmp_path):
     resumed = [step for step in range(killed_at + 2, steps + 1, 2)]
     assert resumed and all(got[step] == pytest.approx(ref[step], rel=1e-4) for step in resumed), (got, ref)
     assert os.path.exists(out / "ckpt-30.index")
+
+
+MIRRORED = """
+import sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from test_dynamic_masking import _config
+from bert_tf.data import masking
+from bert_tf.tokenization import load_vocab
+from bert_tf.training import pretraining
+from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.loop import TrainSettings
+import pathlib
+d, tmp = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+settings = TrainSettings(learning_rate=1e-3, iterations_per_loop=2, save_checkpoints_steps=4)
+options = masking.options_from_vocab(load_vocab(str(d / "vocab.txt")), 5, do_whole_word_mask=True)
+for name, stops in (("full", [8]), ("resumed", [4, 8])):
+    config = _config(d, tmp, output_dir=str(tmp / name), num_train_steps=8, do_eval=False, train=settings)
+    for stop in stops:  # the resumed run stops at step 4 of 8 (as if killed), then runs again
+        trainer = pretraining.build_trainer(config, strategy_lib.get_strategy("mirrored"))
+        trainer.train_steps = stop
+        pretraining._train(config, trainer, config.input_files, options)
+full, resumed = (tf.train.latest_checkpoint(str(tmp / n)) for n in ("full", "resumed"))
+assert full.endswith("ckpt-8") and resumed.endswith("ckpt-8"), (full, resumed)
+compared = 0
+for name, _ in tf.train.list_variables(full):
+    value = np.asarray(tf.train.load_variable(full, name))
+    if value.dtype.kind == "f":
+        np.testing.assert_allclose(tf.train.load_variable(resumed, name), value, rtol=1e-5, atol=1e-6, err_msg=name)
+        compared += 1
+assert compared > 20, compared
+print("OK replicas", strategy_lib.get_strategy("mirrored").num_replicas_in_sync)
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_two_replicas_resume_to_the_uninterrupted_weights(dyn, tmp_path):
+    """Two replicas (logical CPUs, a subprocess): the resumed run skips the consumed batches, draws the same
+    masks after them and ends at the uninterrupted run's weights."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests"), REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", MIRRORED, str(dyn), str(tmp_path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK replicas 2" in proc.stdout
