@@ -140,10 +140,14 @@ def report(args, data, rates, runs) -> list:
         if not ok:
             lines.append(f"  {key}: failed: {results[0].get('error')}")
             continue
-        acc = [r["masked_lm_accuracy"] for r in ok]
-        sd = statistics.stdev(acc) if len(acc) > 1 else float("nan")
-        lines.append(f"  {key:22s} held-out MLM acc {statistics.mean(acc):.4f} ± {sd:.4f}  per seed "
-                     + " ".join(f"{a:.4f}" for a in acc))
+
+        def cell(metric, ok=ok):
+            values = [r[metric] for r in ok]
+            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+            return f"{statistics.mean(values):.4f} ± {sd:.4f}"
+
+        lines.append(f"  {key:22s} held-out MLM acc {cell('masked_lm_accuracy')}, loss {cell('masked_lm_loss')}; "
+                     "acc per seed " + " ".join(f"{r['masked_lm_accuracy']:.4f}" for r in ok))
     return lines
 
 
