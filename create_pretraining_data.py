@@ -3,6 +3,9 @@
     python create_pretraining_data.py --input_file=corpus/*.txt --output_file=out/train.tfrecord \\
         --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=10
 
+--masking=dynamic writes one copy of each instance without masks (tokens, segments, next-sentence
+label; bert_tf/data/schema.py); run_pretraining.py then draws the masks while reading them.
+
 Streams the corpus through `--num_workers` processes; output is identical for
 the same inputs and flags on any machine and with any number of workers.
 
@@ -39,6 +42,9 @@ flags.DEFINE_integer("dupe_factor", 10, "Number of times to duplicate the input 
 flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of creating sequences which are shorter than the "
                    "maximum length.")
+flags.DEFINE_enum("masking", "static", ["static", "dynamic"],
+                  "static: dupe_factor copies with masks written in (the original); dynamic: one copy without "
+                  "masks, run_pretraining.py draws them each time a sequence is read (docs/pretraining.md).")
 flags.DEFINE_integer("num_workers", 0, "Worker processes; 0 = all cores. Does not change the output.")
 flags.DEFINE_integer("num_output_shards", 1, "Split each output_file into this many files "
                      "(<output_file>-00000-of-0000N); records go round robin as across output_file entries.")
@@ -58,6 +64,15 @@ def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     beam_args = bert_flags.beam_args(argv, "create_pretraining_data.py")
     problem = bert_flags.remote_path_problem()  # gs:// input, vocab or output that cannot be reached
+    if not problem and FLAGS.masking == "dynamic":
+        # Flags that only shape written masks: with dynamic masking run_pretraining.py takes them.
+        given = [f"--{name}" for name, used in (("dupe_factor", FLAGS.dupe_factor > 1),
+                                                 ("do_whole_word_mask", FLAGS.do_whole_word_mask),
+                                                 ("masked_lm_prob", FLAGS.masked_lm_prob != 0.15))
+                 if FLAGS[name].present and used]
+        if given:
+            problem = (f"{', '.join(given)}: --masking=dynamic writes one copy without masks; run_pretraining.py "
+                       "draws them (it takes --do_whole_word_mask and --masked_lm_prob)")
     if problem:
         sys.exit(f"create_pretraining_data.py: error: {problem}")
     config = pretraining_job.PretrainingDataConfig(
@@ -68,7 +83,7 @@ def main(argv):
         dupe_factor=FLAGS.dupe_factor, masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
         num_workers=FLAGS.num_workers, num_output_shards=FLAGS.num_output_shards, gzip=FLAGS.gzip,
         input_format=FLAGS.input_format, block_bytes=FLAGS.block_bytes,
-        shuffle_buffer_size=FLAGS.shuffle_buffer_size)
+        shuffle_buffer_size=FLAGS.shuffle_buffer_size, masking=FLAGS.masking)
     try:
         if FLAGS.runner:
             from bert_tf.beam import common, pretraining

@@ -8,6 +8,10 @@ The original's flags keep their meaning (batch sizes are global); additions pick
 the distribution strategy, optimizer, precision and more. A run resumes from
 the latest checkpoint in --output_dir; SIGTERM saves a checkpoint and exits 143.
 
+Records without masks (create_pretraining_data.py --masking=dynamic) get them drawn each time a
+sequence is read (--masked_lm_prob, --do_whole_word_mask; needs --vocab_file); evaluation's are the
+same on every run.
+
 Continued pretraining: --init_checkpoint (an original bert_model.ckpt, a Hugging
 Face folder or .safetensors, or a bert_tf model dir) with or without MLM/NSP heads;
 bert_config, vocab and casing come from its folder unless given; the heads it
@@ -68,6 +72,14 @@ flags.DEFINE_string("vocab_file", None, "The vocab the data was made with; copie
 flags.DEFINE_bool("do_lower_case", None, "Casing of the data; recorded in --output_dir/bert_tf_info.json "
                   "(default with --init_checkpoint: the casing it records).")
 bert_flags.define_packing_flags("instances", "MAX_SEQUENCES_PER_ROW")
+flags.DEFINE_enum("masking", "auto", ["auto", "static", "dynamic"], "auto: as the records say; static: records "
+                  "with masks (the original's) are expected; dynamic: records without masks "
+                  "(create_pretraining_data.py --masking=dynamic) are expected, their masks drawn each time a "
+                  "sequence is read (needs --vocab_file).")
+flags.DEFINE_float("masked_lm_prob", 0.15, "Records without masks: the share of tokens masked (capped at "
+                   "--max_predictions_per_seq).")
+flags.DEFINE_bool("do_whole_word_mask", False, "Records without masks: mask whole words (a word and its ## "
+                  "pieces) rather than word pieces.")
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
@@ -116,7 +128,8 @@ def main(_):
             train=bert_flags.train_settings(),  # XLA is decided below, once the strategy exists
             use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=vocab_file,
             do_lower_case=do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
-            pack_sequences=FLAGS.pack_sequences,
+            pack_sequences=FLAGS.pack_sequences, masking=FLAGS.masking, masked_lm_prob=FLAGS.masked_lm_prob,
+            do_whole_word_mask=FLAGS.do_whole_word_mask,
             **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}),
         )
         config.validate()

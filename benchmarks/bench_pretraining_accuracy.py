@@ -126,10 +126,11 @@ def bert_config(args, vocab_file: str, work_dir: str) -> str:
     return path
 
 
-def run_one(args, variant: str, seed: int, data: dict, config_file: str, env) -> dict:
-    """One run_pretraining.py run of the recipe: its eval results and wall seconds, or {'error': line}."""
+def run_one(args, variant: str, seed: int, data: dict, config_file: str, env, extra=(), tag: str = "") -> dict:
+    """One run_pretraining.py run of the recipe (plus `extra` flags; `tag` names its folder): its eval
+    results and wall seconds, or {'error': line}."""
     device, precision, xla = parse_variant(variant)
-    out = os.path.join(args.work_dir, "runs", f"{variant}-seed{seed}")
+    out = os.path.join(args.work_dir, "runs", f"{variant}{tag}-seed{seed}")
     run_env = dict(env)
     if device == "cpu":
         run_env["CUDA_VISIBLE_DEVICES"] = ""
@@ -143,6 +144,7 @@ def run_one(args, variant: str, seed: int, data: dict, config_file: str, env) ->
         f"--learning_rate={args.learning_rate}", f"--iterations_per_loop={min(args.steps, 250)}",
         f"--save_checkpoints_steps={args.steps}", f"--max_eval_steps={args.eval_steps}", f"--seed={seed}",
         f"--mixed_precision={precision}", f"--jit_compile={str(xla).lower()}", f"--xla_cache_dir={os.path.join(args.work_dir, 'xla_cache')}",
+        *extra,
     ]
     start = time.time()
     proc = subprocess.run(command, cwd=REPO, env=run_env, capture_output=True, text=True)

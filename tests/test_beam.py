@@ -1,7 +1,7 @@
 """The Beam pipelines (bert_tf/beam) on the local runner with 2 worker processes: the local tools' outputs.
 
 create_pretraining_data: the local tool's records as a multiset (seq 128 and 512, with and without
-whole-word masking), the same bytes per shard for 1 and 2 workers; create_vocab: the same vocab (also
+whole-word masking, and records for dynamic masking), the same bytes per shard for 1 and 2 workers; create_vocab: the same vocab (also
 extended); predict / extract_features: the single-process rows. Bad inputs: one line naming the file,
 no final output.
 """
@@ -52,11 +52,12 @@ def _records(paths):
 
 
 # ------------------------------------------------------------------ create_pretraining_data
-@pytest.mark.parametrize("seq,wwm", [(128, False), (128, True), (512, False), (512, True)])
-def test_pretraining_data_beam_writes_the_local_records(corpus, tmp_path, seq, wwm):
+@pytest.mark.parametrize("seq,wwm,masking", [(128, False, "static"), (128, True, "static"), (512, False, "static"),
+                                             (512, True, "static"), (128, False, "dynamic")])
+def test_pretraining_data_beam_writes_the_local_records(corpus, tmp_path, seq, wwm, masking):
     local = pretraining_job.create_pretraining_data(_config(corpus, tmp_path / "local.tfrecord", seq, wwm,
-                                                            num_workers=1))
-    summary = pretraining.run(_config(corpus, tmp_path / "beam.tfrecord", seq, wwm), BEAM)
+                                                            num_workers=1, masking=masking))
+    summary = pretraining.run(_config(corpus, tmp_path / "beam.tfrecord", seq, wwm, masking=masking), BEAM)
     assert [os.path.basename(p) for p in summary["output_files"]] == [
         "beam.tfrecord-00000-of-00002", "beam.tfrecord-00001-of-00002"]
     beam_shards = _records(summary["output_files"])

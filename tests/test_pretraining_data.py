@@ -99,7 +99,8 @@ def test_records_have_every_feature_dtype_and_length(data_dir, instances):
         assert feature.WhichOneof("kind") == ("int64_list" if dtype == schema.INT64 else "float_list"), name
         assert len(getattr(feature, feature.WhichOneof("kind")).value) == length, name
     assert set(example.features.feature) == set(schema.FEATURE_NAMES)
-    assert schema.inspect_record_file(path) == {"max_seq_length": SEQ, "max_predictions_per_seq": PRED}
+    assert schema.inspect_record_file(path) == {"max_seq_length": SEQ, "max_predictions_per_seq": PRED,
+                                                "masking": "static"}
     # TF's reader sees the same records, and our parser gives the original's tensors.
     raw = [r.numpy() for r in tf.data.TFRecordDataset(path)]
     assert raw == list(schema.read_records(path))
@@ -310,7 +311,8 @@ def test_real_wiki_fixture(tmp_path):
     summary = pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
         input_file=str(wiki), output_file=str(out), vocab_file=str(vocab), dupe_factor=1, num_workers=1))
     assert summary["documents"] == 2 and summary["instances"] > 100
-    assert schema.inspect_record_file(str(out)) == {"max_seq_length": 128, "max_predictions_per_seq": 20}
+    assert schema.inspect_record_file(str(out)) == {"max_seq_length": 128, "max_predictions_per_seq": 20,
+                                                   "masking": "static"}
 
 
 def test_missing_output_folders_are_created(data_dir, tmp_path):
@@ -320,7 +322,8 @@ def test_missing_output_folders_are_created(data_dir, tmp_path):
         input_file=str(data_dir / "corpus_a.txt"), output_file=str(out), vocab_file=str(data_dir / "vocab.txt"),
         max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, num_workers=1))
     assert summary["output_files"] == [str(out)] and summary["instances"] > 0
-    assert schema.inspect_record_file(str(out)) == {"max_seq_length": 32, "max_predictions_per_seq": 5}
+    assert schema.inspect_record_file(str(out)) == {"max_seq_length": 32, "max_predictions_per_seq": 5,
+                                                   "masking": "static"}
 
 
 def test_blocks_do_not_depend_on_anything_but_input():
@@ -342,6 +345,34 @@ def test_blocks_never_span_files(tmp_path):
     assert [b.key for b in text_input.iter_file_blocks(paths[1], 1, "lines", 8)] == [(1, 0)]
 
 
+# ------------------------------------------------------------------ records for dynamic masking
+def test_dynamic_records_are_one_unmasked_copy_of_the_static_instances(data_dir, tmp_path):
+    """--masking=dynamic: dupe pass 0's instances without masks, in the schema without masked_lm_*, at most
+    1/dupe_factor of the static records' bytes."""
+    static = pretraining_job.create_pretraining_data(_config(data_dir, tmp_path / "s.tfrecord", dupe_factor=1))
+    dynamic = pretraining_job.create_pretraining_data(_config(data_dir, tmp_path / "d.tfrecord", dupe_factor=5,
+                                                              masking="dynamic"))
+    assert dynamic["instances"] == static["instances"] > 1000  # one copy: dupe_factor not used
+    assert schema.inspect_record_file(str(tmp_path / "d.tfrecord")) == {
+        "max_seq_length": SEQ, "max_predictions_per_seq": None, "masking": "dynamic"}
+    first = schema.decode_example(next(schema.read_records(str(tmp_path / "d.tfrecord"))))
+    assert set(first) == set(schema.DYNAMIC_FEATURE_NAMES)
+    got = _read(tmp_path / "d.tfrecord")
+    masked = _read(tmp_path / "s.tfrecord")
+    unmasked = masked["input_ids"].copy()
+    for r in range(len(unmasked)):  # the static instances with their masked tokens put back
+        real = masked["masked_lm_weights"][r] > 0
+        unmasked[r, masked["masked_lm_positions"][r][real]] = masked["masked_lm_ids"][r][real]
+    assert not (got["input_ids"] == MASK).any()
+    key = np.lexsort(unmasked.T)
+    np.testing.assert_array_equal(got["input_ids"][np.lexsort(got["input_ids"].T)], unmasked[key])
+    for name in ("input_mask", "segment_ids", "next_sentence_labels"):
+        assert sorted(map(tuple, got[name])) == sorted(map(tuple, masked[name])), name
+    five = pretraining_job.create_pretraining_data(_config(data_dir, tmp_path / "s5.tfrecord", dupe_factor=5))
+    assert 5 * os.path.getsize(tmp_path / "d.tfrecord") <= os.path.getsize(tmp_path / "s5.tfrecord")
+    assert five["instances"] > 4.5 * dynamic["instances"]
+
+
 # ------------------------------------------------------------------ bad input
 def _run_script(tmp_path, *args):
     cmd = [sys.executable, str(REPO / "create_pretraining_data.py"), *args]
@@ -350,7 +381,7 @@ def _run_script(tmp_path, *args):
 
 @pytest.mark.parametrize("case", ["missing_input", "empty_corpus", "no_mask", "too_few_predictions",
                                   "unreadable_vocab", "output_dir_is_a_file", "negative_workers", "no_such_runner",
-                                  "no_vocab_flag"])
+                                  "no_vocab_flag", "dynamic_with_copies"])
 def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
     vocab = str(data_dir / "vocab.txt")
     inp = str(data_dir / "corpus_a.txt")
@@ -362,7 +393,9 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
               # (Beam's own error was a 23-line traceback; without Beam installed, an ImportError's)
               "no_such_runner": "--runner=NoSuchRunner: not a Beam runner" if importlib.util.find_spec("apache_beam")
               else "--runner=NoSuchRunner needs Apache Beam",
-              "no_vocab_flag": "flag --vocab_file=None"}[case]
+              "no_vocab_flag": "flag --vocab_file=None",
+              "dynamic_with_copies": "--dupe_factor, --do_whole_word_mask: --masking=dynamic writes one copy "
+                                     "without masks"}[case]
     if case == "missing_input":
         inp = str(tmp_path / "nothing_*.txt")
     elif case == "empty_corpus":
@@ -382,6 +415,8 @@ def test_bad_input_gives_one_line_error(case, data_dir, tmp_path):
         extra = ["--num_workers=-1"]
     elif case == "no_such_runner":
         extra = ["--runner=NoSuchRunner"]
+    elif case == "dynamic_with_copies":
+        extra = ["--masking=dynamic", "--dupe_factor=5", "--do_whole_word_mask"]
     flags = [f"--input_file={inp}", f"--output_file={out}", "--num_workers=1"]
     flags += [] if case == "no_vocab_flag" else [f"--vocab_file={vocab}"]
     proc = _run_script(tmp_path, *flags, *extra)

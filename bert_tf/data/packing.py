@@ -37,7 +37,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from bert_tf.data import pipelines
+from bert_tf.data import masking, pipelines
 
 # At most this many sequences share a row. Each costs one [CLS] query and one prediction slot
 # in the last block (2 of 512 positions of one of L blocks) and one next-sentence slot, so the
@@ -248,16 +248,20 @@ def packed_pretraining_dataset(files, max_seq_length: int, max_predictions_per_s
                                is_training: bool, input_context=None, seed: Optional[int] = None,
                                max_sequences_per_row: int = MAX_SEQUENCES_PER_ROW,
                                max_predictions_per_row: Optional[int] = None,
-                               buffer_size: int = PACKING_BUFFER_SIZE, skip_corrupt_records: bool = False):
+                               buffer_size: int = PACKING_BUFFER_SIZE, skip_corrupt_records: bool = False,
+                               dynamic_masking=None, mask_seed: int = masking.EVAL_MASK_SEED):
     """pipelines.pretraining_dataset, packed: batches of `batch_size` packed rows (static shapes).
 
     Reads, shards and shuffles the original records as pipelines.pretraining_dataset does,
     packs them `buffer_size` at a time, and (training) shuffles the packed rows. Evaluation
     reads every record once and keeps every instance (the last batch filled with empty rows).
+    Records without masks (`dynamic_masking`, `mask_seed`: as pipelines.pretraining_dataset) get
+    theirs per buffer, before packing.
     """
     buffers = pipelines.pretraining_dataset(
         files, max_seq_length, max_predictions_per_seq, buffer_size, is_training, input_context=input_context,
-        seed=seed, skip_corrupt_records=skip_corrupt_records, drop_remainder=is_training)
+        seed=seed, skip_corrupt_records=skip_corrupt_records, drop_remainder=is_training,
+        dynamic_masking=dynamic_masking, mask_seed=mask_seed)
     return pack_dataset(buffers, batch_size, max_sequences_per_row, max_predictions_per_row,
                         shuffle_rows=buffer_size if is_training else 0, seed=seed, drop_remainder=is_training)
 

@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Union
 import tensorflow as tf
 
 from bert_tf import fileio
-from bert_tf.data import schema
+from bert_tf.data import masking, schema
 
 # Records held for shuffling after the interleave (the original used 100 on top of
 # shuffling the files; a larger buffer mixes better when there are few files).
@@ -51,8 +51,9 @@ def expand_input_files(patterns: Union[str, Sequence[str]]) -> List[str]:
     return files
 
 
-def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq: int) -> None:
-    """Compares the flags with the lengths stored in the first record of `path`; one-line error on a mismatch."""
+def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq: int) -> str:
+    """Compares the flags with the lengths stored in the first record of `path`; one-line error on a mismatch.
+    Returns the records' kind, schema.STATIC or schema.DYNAMIC (no masks, so no stored predictions length)."""
     try:
         found = schema.inspect_record_file(path)
     except tf.errors.DataLossError:
@@ -66,12 +67,13 @@ def check_record_lengths(path: str, max_seq_length: int, max_predictions_per_seq
     wrong = [
         f"{name}={found[name]} (flag says {want})"
         for name, want in (("max_seq_length", max_seq_length), ("max_predictions_per_seq", max_predictions_per_seq))
-        if found[name] != want
+        if found[name] not in (want, None)
     ]
     if wrong:
         raise InputDataError(
             f"{path}: records were written with {', '.join(wrong)}; pass the values the data was created with"
         )
+    return found["masking"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,8 @@ def pretraining_dataset(
     skip_corrupt_records: bool = False,
     drop_remainder: bool = True,
     fill_last_batch: bool = False,
+    dynamic_masking: Optional[masking.MaskingOptions] = None,
+    mask_seed: int = masking.EVAL_MASK_SEED,
 ) -> tf.data.Dataset:
     """Batches of the original's features (schema.parse_pretraining_example), for one input pipeline.
 
@@ -190,6 +194,9 @@ def pretraining_dataset(
       fill_last_batch: (evaluation) keep every instance and every batch's shape: the last batch
         is filled up with empty instances, and a float32 [batch] next_sentence_weights (0 for
         them) keeps them out of every loss and metric. Under XLA one program then serves all.
+      dynamic_masking: the files hold records without masks (schema.DYNAMIC): each batch gets
+        masks drawn by masking.draw_masks, keyed on (mask_seed, this input pipeline, the batch's
+        index in it), so the same position in the input always gets the same masks.
     Returns a Dataset of dicts: int32 [batch, max_seq_length] input_ids, input_mask,
     segment_ids; int32 [batch, P] masked_lm_positions, masked_lm_ids; float32
     [batch, P] masked_lm_weights; int32 [batch, 1] next_sentence_labels.
@@ -221,18 +228,29 @@ def pretraining_dataset(
         ds = ds.shard(num_pipelines, pipeline_id)
     if is_training:
         ds = ds.shuffle(shuffle_buffer_size, seed=seed)
+    kind = schema.STATIC if dynamic_masking is None else schema.DYNAMIC
     if fill_last_batch:
         ds = ds.map(lambda record: (record, 1.0))
         empty = schema.encode_example({name: [0.0 if dtype == schema.FLOAT32 else 0] * length for name, (dtype, length)
-                                       in schema.feature_spec(max_seq_length, max_predictions_per_seq).items()})
+                                       in schema.feature_spec(max_seq_length, max_predictions_per_seq, kind).items()})
         ds = ds.concatenate(tf.data.Dataset.from_tensors((tf.constant(empty), 0.0)).repeat(batch_size - 1))
     ds = ds.batch(batch_size, drop_remainder=drop_remainder or fill_last_batch)
 
     def parse(records, weights=None):
-        features = schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq)
+        features = schema.parse_pretraining_example(records, max_seq_length, max_predictions_per_seq, kind)
         return features if weights is None else dict(features, next_sentence_weights=weights)
 
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    if dynamic_masking:
+        # The batch's index in this pipeline keys its masks; enumerate's count is part of the
+        # iterator's saved state, and Dataset.skip on resume moves it as the batches it drops.
+        def parse_and_mask(index, batch):
+            features = parse(*batch) if isinstance(batch, tuple) else parse(batch)
+            return masking.draw_masks(features, masking.batch_key(mask_seed, pipeline_id, index), dynamic_masking)
+
+        ds = ds.enumerate().map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def count_records(files: Sequence[str]) -> int:

@@ -247,8 +247,8 @@ def _choose_positions(num_tokens, len_a, k, max_seq_length, rng: np.random.Gener
 
 def make_instances(tokens: np.ndarray, spans: Sequence[Span], options: InstanceOptions, vocab_size: int,
                    cls_id: int, sep_id: int, mask_id: int, rng: np.random.Generator,
-                   is_continuation: np.ndarray = None) -> InstanceBatch:
-    """Lays out and masks a batch of segment pairs.
+                   is_continuation: np.ndarray = None, mask: bool = True) -> InstanceBatch:
+    """Lays out and masks a batch of segment pairs (`mask=False`: lays out only).
 
     Args:
       tokens: int32[T] the ids the spans point into.
@@ -261,6 +261,9 @@ def make_instances(tokens: np.ndarray, spans: Sequence[Span], options: InstanceO
     L, P = options.max_seq_length, options.max_predictions_per_seq
     ids, num_tokens, len_a, is_random = assemble(tokens, spans, L, cls_id, sep_id)
     n = len(num_tokens)
+    if not mask:  # dynamic masking: the tokens as they are, no predictions (drawn while training)
+        empty = np.zeros((n, P), dtype=np.int32)
+        return InstanceBatch(ids, num_tokens, len_a + 2, empty, empty, np.zeros(n, dtype=np.int32), is_random)
     k = num_to_predict(num_tokens, options.masked_lm_prob, P)
     if options.do_whole_word_mask:
         positions = _choose_whole_words(ids, num_tokens, len_a, k, is_continuation, L, rng)
@@ -328,14 +331,15 @@ def _choose_whole_words(ids, num_tokens, len_a, k, is_continuation, max_seq_leng
 
 def block_instances(block: TokenizedBlock, options: InstanceOptions, seed_rng: random.Random,
                     mask_rng: np.random.Generator, vocab_size: int, cls_id: int, sep_id: int, mask_id: int,
-                    is_continuation: np.ndarray = None) -> InstanceBatch:
+                    is_continuation: np.ndarray = None, mask: bool = True) -> InstanceBatch:
     """All instances of one dupe pass over a block (documents in order).
 
     `seed_rng` draws the segment pairs (cheap scalar draws), `mask_rng` the
     masking (vectorized draws); the caller seeds both per (block, dupe pass).
+    `mask=False` (dynamic masking) leaves the tokens unmasked and draws nothing from mask_rng.
     """
     spans: List[Span] = []
     for doc in range(block.num_documents):
         spans.extend(document_pairs(block, doc, options.max_seq_length, options.short_seq_prob, seed_rng))
     return make_instances(block.tokens, spans, options, vocab_size, cls_id, sep_id, mask_id, mask_rng,
-                          is_continuation)
+                          is_continuation, mask)

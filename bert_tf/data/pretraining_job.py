@@ -71,6 +71,14 @@ class PretrainingDataConfig:
     input_format: str = text_input.AUTO
     block_bytes: int = DEFAULT_BLOCK_BYTES
     shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER
+    # schema.STATIC: dupe_factor masked copies (the original); schema.DYNAMIC: one unmasked copy
+    # (dupe_factor is not used), masks drawn while training (bert_tf/data/masking.py).
+    masking: str = schema.STATIC
+
+    @property
+    def num_passes(self) -> int:
+        """Passes over every block: dupe_factor, or one for dynamic masking."""
+        return 1 if self.masking == schema.DYNAMIC else self.dupe_factor
 
     @property
     def instance_options(self) -> pretraining.InstanceOptions:
@@ -113,7 +121,7 @@ class BlockWorker:
             if token.startswith("##"):
                 self.is_continuation[i] = True
         self.encoder = schema.PretrainingRecordEncoder(config.max_seq_length, config.max_predictions_per_seq,
-                                                       self.vocab_size)
+                                                       self.vocab_size, config.masking)
 
     def tokenize_block(self, block: text_input.Block) -> pretraining.TokenizedBlock:
         sentences: List[str] = []
@@ -134,10 +142,11 @@ class BlockWorker:
         tokenized = self.tokenize_block(block)
         records: List[bytes] = []
         if tokenized.num_documents:
-            for dupe in range(self.config.dupe_factor):
+            for dupe in range(self.config.num_passes):
                 pair_rng, mask_rng = rngs(self.config.random_seed, _PASS_STREAM, *block.key, dupe)
                 batch = pretraining.block_instances(tokenized, self.options, pair_rng, mask_rng, self.vocab_size,
-                                                    self.cls_id, self.sep_id, self.mask_id, self.is_continuation)
+                                                    self.cls_id, self.sep_id, self.mask_id, self.is_continuation,
+                                                    mask=self.config.masking == schema.STATIC)
                 records.extend(self.encode_batch(batch))
             rngs(self.config.random_seed, _BLOCK_SHUFFLE_STREAM, *block.key)[0].shuffle(records)
         return block.key, tokenized.num_documents, block.num_bytes, records
@@ -191,6 +200,8 @@ def _check_config(config: PretrainingDataConfig) -> None:
         config.instance_options.validate()
     except ValueError as e:
         raise PretrainingDataError(str(e)) from None
+    if config.masking not in schema.MASKINGS:
+        raise PretrainingDataError(f"masking: expected one of {', '.join(schema.MASKINGS)}, got {config.masking!r}")
     if config.dupe_factor < 1:
         raise PretrainingDataError(f"dupe_factor: must be >= 1, got {config.dupe_factor}")
     if config.num_output_shards < 1:

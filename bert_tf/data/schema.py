@@ -15,6 +15,12 @@ Features (all zero-padded to a fixed length):
   masked_lm_weights    float32[max_predictions_per_seq]  1.0 real, 0.0 padding
   next_sentence_labels int64[1]                          0 = IsNext, 1 = random
 
+Records for dynamic masking (create_pretraining_data.py --masking=dynamic) hold
+the same features without the three masked_lm_* ones: the tokens unmasked,
+one copy of each instance; run_pretraining.py draws the masks while reading
+them (bert_tf/data/masking.py). A file's kind is read off its first record
+(`inspect_record_file`: a record without masked_lm_positions is dynamic).
+
 Why our own protobuf encoder: TensorFlow costs ~800 MB of resident memory per
 process once imported, and a `tf.train.Example` built field by field costs
 more CPU than the rest of the instance. The wire format is tiny and stable: an
@@ -35,11 +41,15 @@ import numpy as np
 
 INT64 = "int64"
 FLOAT32 = "float32"
+# The two kinds of records: masks written by the tool (the original's), or drawn while training.
+STATIC, DYNAMIC = "static", "dynamic"
+MASKINGS = (STATIC, DYNAMIC)
 
 
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> Dict[str, Tuple[str, int]]:
-    """Feature name -> (dtype, length), in the order the original writes them."""
-    return {
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int, masking: str = STATIC
+                 ) -> Dict[str, Tuple[str, int]]:
+    """Feature name -> (dtype, length), in the order the original writes them (dynamic: no masked_lm_*)."""
+    spec = {
         "input_ids": (INT64, max_seq_length),
         "input_mask": (INT64, max_seq_length),
         "segment_ids": (INT64, max_seq_length),
@@ -48,11 +58,16 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> Dict[str,
         "masked_lm_weights": (FLOAT32, max_predictions_per_seq),
         "next_sentence_labels": (INT64, 1),
     }
+    if masking == DYNAMIC:
+        for name in PRED_FEATURES:
+            del spec[name]
+    return spec
 
 
-FEATURE_NAMES = tuple(feature_spec(1, 1))
 SEQ_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PRED_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+FEATURE_NAMES = tuple(feature_spec(1, 1))
+DYNAMIC_FEATURE_NAMES = tuple(feature_spec(1, 1, DYNAMIC))
 
 
 # ------------------------------------------------------------------ protobuf wire format
@@ -103,11 +118,14 @@ class PretrainingRecordEncoder:
       max_seq_length: length of input_ids / input_mask / segment_ids.
       max_predictions_per_seq: length of the masked_lm_* features.
       vocab_size: ids are in [0, vocab_size); varints are precomputed for them.
+      masking: STATIC (the original's schema) or DYNAMIC (no masked_lm_* features; the
+        prediction arguments of `encode` are then ignored).
     """
 
-    def __init__(self, max_seq_length: int, max_predictions_per_seq: int, vocab_size: int):
+    def __init__(self, max_seq_length: int, max_predictions_per_seq: int, vocab_size: int, masking: str = STATIC):
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
+        self.masking = masking
         # Varint bytes of every value an int feature can hold (ids, positions)
         # and of every length a field can have (<= 10 bytes per value).
         limit = max(vocab_size, 10 * (max_seq_length + max_predictions_per_seq) + 1024)
@@ -148,12 +166,15 @@ class PretrainingRecordEncoder:
         pad = seq - num_tokens
         entry, i64, f32 = self._entry, b"\x1a", b"\x12"
         # Map entries in sorted key order (protobuf's deterministic order).
-        body = b"".join((
-            entry("input_ids", i64, self._packed_ints(input_ids)),
-            entry("input_mask", i64, b"\x01" * num_tokens + b"\x00" * pad),
+        predictions = () if self.masking == DYNAMIC else (
             entry("masked_lm_ids", i64, self._packed_ints(masked_lm_ids)),
             entry("masked_lm_positions", i64, self._packed_ints(masked_lm_positions)),
             entry("masked_lm_weights", f32, _FLOAT_ONE * num_predictions + _FLOAT_ZERO * (pred - num_predictions)),
+        )
+        body = b"".join((
+            entry("input_ids", i64, self._packed_ints(input_ids)),
+            entry("input_mask", i64, b"\x01" * num_tokens + b"\x00" * pad),
+            *predictions,
             entry("next_sentence_labels", i64, b"\x01" if next_sentence_label else b"\x00"),
             entry("segment_ids", i64, b"\x00" * num_segment_a + b"\x01" * (num_tokens - num_segment_a)
                   + b"\x00" * pad),
@@ -280,19 +301,21 @@ class RecordFileWriter:
 
 
 # ------------------------------------------------------------------ readers (TensorFlow)
-def parse_pretraining_example(serialized, max_seq_length: int, max_predictions_per_seq: int):
+def parse_pretraining_example(serialized, max_seq_length: int, max_predictions_per_seq: int,
+                              masking: str = STATIC):
     """Parses serialized examples (a scalar or a batch) into the original's tensors.
 
     Returns a dict of int32 tensors (input_ids, input_mask, segment_ids
     [.., max_seq_length]; masked_lm_positions, masked_lm_ids
     [.., max_predictions_per_seq]; next_sentence_labels [.., 1]) and float32
     masked_lm_weights [.., max_predictions_per_seq]. int64 is cast to int32 as
-    the original's input_fn does (TPUs want int32).
+    the original's input_fn does (TPUs want int32). DYNAMIC records give the same without the
+    masked_lm_* tensors (bert_tf.data.masking draws them).
     """
     import tensorflow as tf
 
     spec = {}
-    for name, (dtype, length) in feature_spec(max_seq_length, max_predictions_per_seq).items():
+    for name, (dtype, length) in feature_spec(max_seq_length, max_predictions_per_seq, masking).items():
         spec[name] = tf.io.FixedLenFeature([length], tf.int64 if dtype == INT64 else tf.float32)
     if serialized.shape.rank == 0:
         parsed = tf.io.parse_single_example(serialized, spec)
@@ -301,8 +324,9 @@ def parse_pretraining_example(serialized, max_seq_length: int, max_predictions_p
     return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
 
 
-def inspect_record_file(path: str) -> Dict[str, int]:
-    """max_seq_length and max_predictions_per_seq of a pretraining TFRecord file, from its first record.
+def inspect_record_file(path: str) -> Dict[str, object]:
+    """max_seq_length, max_predictions_per_seq (None for dynamic records) and masking (STATIC or
+    DYNAMIC) of a pretraining TFRecord file, from its first record.
 
     Raises ValueError naming the file when it is empty or not in the schema.
     """
@@ -315,7 +339,9 @@ def inspect_record_file(path: str) -> Dict[str, int]:
         raise ValueError(f"{path}: no records")
     example = tf.train.Example.FromString(records[0].numpy())
     feature = example.features.feature
-    missing = [name for name in FEATURE_NAMES if name not in feature]
+    masking = STATIC if any(name in feature for name in PRED_FEATURES) else DYNAMIC
+    names = FEATURE_NAMES if masking == STATIC else DYNAMIC_FEATURE_NAMES
+    missing = [name for name in names if name not in feature]
     if missing:
         raise ValueError(f"{path}: not a pretraining record, missing feature(s) {', '.join(missing)}")
 
@@ -324,11 +350,11 @@ def inspect_record_file(path: str) -> Dict[str, int]:
         return len(feature[name].int64_list.value if dtype == INT64 else feature[name].float_list.value)
 
     seq = {length(n) for n in SEQ_FEATURES}
-    pred = {length(n) for n in PRED_FEATURES}
+    pred = {length(n) for n in PRED_FEATURES if masking == STATIC} or {None}
     if len(seq) != 1 or len(pred) != 1 or length("next_sentence_labels") != 1:
         raise ValueError(f"{path}: feature lengths disagree: "
-                         + ", ".join(f"{n}={length(n)}" for n in FEATURE_NAMES))
-    return {"max_seq_length": seq.pop(), "max_predictions_per_seq": pred.pop()}
+                         + ", ".join(f"{n}={length(n)}" for n in names))
+    return {"max_seq_length": seq.pop(), "max_predictions_per_seq": pred.pop(), "masking": masking}
 
 
 def decode_example(serialized: bytes) -> Dict[str, List]:

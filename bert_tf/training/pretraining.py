@@ -42,10 +42,11 @@ import tensorflow as tf
 
 from bert_tf import fileio, model_dir, pretrained
 from bert_tf.configs import BertConfig, ConfigError, read_run_info, write_run_info
-from bert_tf.data import packing, pipelines, schema
+from bert_tf.data import masking, packing, pipelines, schema
+from bert_tf.data.pretraining import max_predictions_needed
 from bert_tf.models.language_model import LeftToRightPretrainer
 from bert_tf.models.pretrainer import BertPretrainer
-from bert_tf.tokenization import VocabError, check_vocab_fits
+from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
@@ -67,6 +68,10 @@ DEFAULT_OBJECTIVE = "mlm_nsp"
 VOCAB_SCAN_RECORDS = 1000
 # Defaults of the original run_pretraining.py flags.
 DEFAULT_MAX_EVAL_STEPS = 100
+# Masks of records without them (create_pretraining_data.py --masking=dynamic): "auto" takes the
+# records' kind, the others require it. The masking rate is the original's default.
+MASKINGS = ("auto", schema.STATIC, schema.DYNAMIC)
+DEFAULT_MASKED_LM_PROB = 0.15
 
 
 class PretrainingError(ValueError):
@@ -104,6 +109,11 @@ class PretrainingConfig:
     # padding, for XLA on TPU/GPU. Batch sizes then count packed rows.
     pack_sequences: bool = False
     max_sequences_per_row: int = packing.MAX_SEQUENCES_PER_ROW
+    # Records without masks get them drawn while reading (bert_tf.data.masking), with these settings;
+    # `masking` (one of MASKINGS) says which kind of records is expected.
+    masking: str = "auto"
+    masked_lm_prob: float = DEFAULT_MASKED_LM_PROB
+    do_whole_word_mask: bool = False
 
     def __post_init__(self):
         if self.objective == "mlm_nsp" and not self.use_next_sentence_prediction:
@@ -146,6 +156,10 @@ class PretrainingConfig:
         if self.pack_sequences and self.causal:
             raise PretrainingError("pack_sequences needs a bidirectional objective (mlm_nsp or mlm), not "
                                    f"{self.objective!r}")
+        if self.masking not in MASKINGS:
+            raise PretrainingError(f"unknown masking {self.masking!r}; expected one of {', '.join(MASKINGS)}")
+        if not 0.0 < self.masked_lm_prob <= 1.0:
+            raise PretrainingError(f"masked_lm_prob must be in (0, 1], got {self.masked_lm_prob}")
         if self.max_sequences_per_row < 1:
             raise PretrainingError(f"max_sequences_per_row must be >= 1, got {self.max_sequences_per_row}")
         if self.train.optimizer not in optimizer_lib.OPTIMIZERS:
@@ -280,18 +294,23 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
 
-def _dataset_fn(config: PretrainingConfig, files, is_training: bool):
+def _dataset_fn(config: PretrainingConfig, files, is_training: bool,
+                dynamic_masking: Optional[masking.MaskingOptions] = None):
+    # Training masks follow the run's seed; evaluation's are the same on every run (masking.EVAL_MASK_SEED).
+    seed = config.train.seed if config.train.seed is not None else 0
+    masks = dict(dynamic_masking=dynamic_masking, mask_seed=seed if is_training else masking.EVAL_MASK_SEED)
+
     def dataset_fn(ctx, batch_size):
         if config.pack_sequences:
             return packing.packed_pretraining_dataset(
                 files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
                 input_context=ctx, seed=config.train.seed, max_sequences_per_row=config.max_sequences_per_row,
-                skip_corrupt_records=config.skip_corrupt_records)
+                skip_corrupt_records=config.skip_corrupt_records, **masks)
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
             input_context=ctx, seed=config.train.seed, skip_corrupt_records=config.skip_corrupt_records,
             fill_last_batch=not is_training,  # every instance evaluated, every batch one shape (XLA)
-        )
+            **masks)
 
     return dataset_fn
 
@@ -308,8 +327,9 @@ def _naming_corrupt_files(files):
         raise pipelines.InputDataError(f"{where}; pass --skip_corrupt_records to read past it") from None
 
 
-def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS) -> int:
-    """The largest input or masked-LM token id in the first `limit` records of a pretraining file."""
+def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS, first_ids: Optional[set] = None) -> int:
+    """The largest input or masked-LM token id in the first `limit` records of a pretraining file
+    (`first_ids`, when given, collects each record's first input id)."""
     with tf.io.gfile.GFile(path, "rb") as f:
         compression = "GZIP" if f.read(2) == schema.GZIP_MAGIC else ""
     largest = 0
@@ -317,6 +337,8 @@ def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS) -> int:
         feature = tf.train.Example.FromString(record.numpy()).features.feature
         for name in ("input_ids", "masked_lm_ids"):
             largest = max(largest, max(feature[name].int64_list.value, default=0))
+        if first_ids is not None:
+            first_ids.add(feature["input_ids"].int64_list.value[0])
     return largest
 
 
@@ -339,21 +361,22 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     """
     # 1. the request and the data: every file's first record, before anything is written
     config.validate()
-    train_files, eval_files = _check_inputs(config)
+    train_files, eval_files, (train_masks, eval_masks) = _check_inputs(config)
     # 2. output_dir holds no other run
     _check_output_dir(config)
     # 3. the Trainer: a fresh model from init_checkpoint, or output_dir's checkpoint resumed
     trainer = build_trainer(config, strategy)
     # 4. train; the side files are written once the run has restored or started and saves
     if config.do_train:
-        _train(config, trainer, train_files)
+        _train(config, trainer, train_files, train_masks)
     # 5. evaluate into eval_results.txt
-    return _evaluate(config, trainer, eval_files) if config.do_eval else None
+    return _evaluate(config, trainer, eval_files, eval_masks) if config.do_eval else None
 
 
 def _check_inputs(config: PretrainingConfig):
-    """(training files, evaluation files) after checking that each holds records of config's lengths
-    (and, with init_checkpoint, token ids the checkpoint's vocab holds)."""
+    """(training files, evaluation files, their masking options) after checking that each holds records
+    of config's lengths (and, with init_checkpoint, token ids the checkpoint's vocab holds); the masking
+    options are None for records with masks (_masking_options)."""
     train_files = list(config.input_files)
     if not train_files:
         raise PretrainingError("input_file matched no files")
@@ -371,26 +394,85 @@ def _check_inputs(config: PretrainingConfig):
                 lost, " (and the rest of files whose framing is lost)" if any(s.skipped < 0 for s in corrupt) else "",
                 "; ".join(pipelines.describe_corrupt(scan) for scan in corrupt))
     # Every file's first record: a shard made with other lengths fails here, not hours into training.
-    for path in all_files:
-        if path not in unreadable:
-            pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
+    kinds = {path: pipelines.check_record_lengths(path, config.max_seq_length, config.max_predictions_per_seq)
+             for path in all_files if path not in unreadable}
+    masks = _masking_options(config, [(train_files, "input_file"), (eval_files, "eval_input_file")], kinds)
     if config.init_checkpoint:
         _check_token_ids(config, [p for p in all_files if p not in unreadable])
         if model_dir.has_checkpoint(config.output_dir):
             logger.info("%s holds a checkpoint: resuming from it; init_checkpoint %s is not used",
                         config.output_dir, config.init_checkpoint)
-    return train_files, eval_files
+    return train_files, eval_files, masks
 
 
-def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequence[str]) -> None:
+def _masking_options(config: PretrainingConfig, file_sets, kinds):
+    """[MaskingOptions or None] per (files, flag) of file_sets: None when the records hold masks.
+
+    One line before training when a set mixes both kinds, when the kind is not config.masking, when
+    masking settings are given for records that hold masks, or when records without masks have no
+    vocab or another vocab than theirs (an id past its end, a first token that is not its [CLS])."""
+    dynamic = sorted(p for p, kind in kinds.items() if kind == schema.DYNAMIC)
+    for files, flag in file_sets:
+        found = {kinds[p] for p in files if p in kinds}
+        if len(found) > 1:
+            static = next(p for p in files if kinds.get(p) == schema.STATIC)
+            raise PretrainingError(
+                f"{flag}: mixes records with masks ({static}) and without ({next(p for p in files if p in dynamic)}, "
+                "create_pretraining_data.py --masking=dynamic); use records of one kind")
+        if found and config.masking != "auto" and found != {config.masking}:
+            kind = found.pop()
+            raise PretrainingError(
+                f"{files[0]}: records {'without' if kind == schema.DYNAMIC else 'with'} masks "
+                f"(create_pretraining_data.py --masking={kind}), but masking={config.masking} was asked")
+    if not dynamic:
+        if config.do_whole_word_mask or config.masked_lm_prob != DEFAULT_MASKED_LM_PROB:
+            raise PretrainingError(
+                "do_whole_word_mask and masked_lm_prob apply to records without masks; these records hold theirs "
+                f"({next(iter(kinds), 'input_file')}): set them in create_pretraining_data.py")
+        return [None for _ in file_sets]
+    if not config.vocab_file:
+        raise PretrainingError(f"{dynamic[0]}: records without masks need vocab_file (the [MASK] id, the special "
+                               "tokens and the ## pieces come from it)")
+    needed = max_predictions_needed(config.max_seq_length, config.masked_lm_prob)
+    if config.max_predictions_per_seq < needed:
+        raise PretrainingError(
+            f"max_predictions_per_seq {config.max_predictions_per_seq} is too small for max_seq_length "
+            f"{config.max_seq_length} * masked_lm_prob {config.masked_lm_prob}; set it to at least {needed}")
+    try:
+        vocab = load_vocab(config.vocab_file)
+        options = masking.options_from_vocab(vocab, config.max_predictions_per_seq, config.masked_lm_prob,
+                                             config.do_whole_word_mask, config.vocab_file)
+    except (VocabError, masking.MaskingError) as e:
+        raise PretrainingError(str(e)) from None
+    for path in dynamic:
+        first_ids: set = set()
+        largest = max_token_id(path, first_ids=first_ids)
+        if largest >= options.vocab_size:
+            raise PretrainingError(f"{path}: token id {largest} but {config.vocab_file} has {options.vocab_size} "
+                                   "tokens; the records were made with another vocab")
+        if first_ids != {options.cls_id}:
+            raise PretrainingError(f"{path}: records start with token id(s) {sorted(first_ids)[:3]}, but "
+                                   f"[CLS] is {options.cls_id} in {config.vocab_file}; the records were made "
+                                   "with another vocab")
+    return [options if any(kinds.get(p) == schema.DYNAMIC for p in files) else None for files, _ in file_sets]
+
+
+def _describe_masking(options: Optional[masking.MaskingOptions]) -> str:
+    if options is None:
+        return "static (in the records)"
+    return (f"dynamic, {options.masked_lm_prob:g} of the tokens up to {options.max_predictions_per_seq}, "
+            f"{'whole words' if options.do_whole_word_mask else 'word pieces'}, drawn per batch read")
+
+
+def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequence[str],
+           dynamic_masking: Optional[masking.MaskingOptions] = None) -> None:
     trainer.run_summary(
         num_warmup_steps=config.num_warmup_steps,
         extra={
             "input": f"{len(train_files)} file(s), seq {config.max_seq_length}, "
                      f"{config.max_predictions_per_seq} predictions per sequence",
             "objective": f"{config.objective}: {OBJECTIVES[config.objective][0]}",
-            "optimizer": f"{config.train.optimizer}, lr {config.train.learning_rate}, "
-                         f"weight decay {config.train.weight_decay_rate}",
+            "masking": _describe_masking(dynamic_masking),
         },
     )
     trainer.write_hparams(dict(objective=config.objective, max_seq_length=config.max_seq_length,
@@ -401,7 +483,8 @@ def _train(config: PretrainingConfig, trainer: loop.Trainer, train_files: Sequen
         # One spelling per file: the saved input position names its files, and a rerun may spell the
         # same file another way (../data/x from another directory).
         files = [fileio.canonical_path(p) for p in train_files]
-        trainer.train(_dataset_fn(config, files, is_training=True), input_id=",".join(files),
+        trainer.train(_dataset_fn(config, files, is_training=True, dynamic_masking=dynamic_masking),
+                      input_id=",".join(files),
                       before_first_save=write_side_files)
 
 
@@ -417,12 +500,14 @@ def _out_of_memory(config: PretrainingConfig, trainer: loop.Trainer, phase: str)
                                        unit="rows" if config.pack_sequences else "sequences")
 
 
-def _evaluate(config: PretrainingConfig, trainer: loop.Trainer, eval_files: Sequence[str]) -> Dict[str, float]:
+def _evaluate(config: PretrainingConfig, trainer: loop.Trainer, eval_files: Sequence[str],
+              dynamic_masking: Optional[masking.MaskingOptions] = None) -> Dict[str, float]:
     if not config.do_train:
         if trainer.restore() is None and not config.init_checkpoint:
             raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
     with _naming_corrupt_files(eval_files), _out_of_memory(config, trainer, "evaluation"):
-        results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False), config.eval_batch_size,
+        results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False, dynamic_masking=dynamic_masking),
+                                   config.eval_batch_size,
                                    steps=config.max_eval_steps)
     results = {k: results[k] for k in (*EVAL_KEYS, "global_step") if k in results}
     if trainer.is_chief:
