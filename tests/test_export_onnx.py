@@ -229,7 +229,7 @@ def test_missing_extra_is_one_line_naming_the_install_and_writes_nothing(exports
     blocked = tmp_path / "blocked"
     for name in ("tf2onnx", "onnxruntime"):  # stand-ins that fail to import, as when the extra is not installed
         (blocked / name).mkdir(parents=True)
-        (blocked / name / "__init__.py").write_text(f"raise ImportError('No module named {name!r}', name={name!r})\n")
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('No module named {name}', name={name!r})\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocked), str(REPO)]))
     code, _, errors = _script("export_savedmodel.py", f"--model_dir={model_dir}", f"--export_dir={tmp_path / 'out'}",
                               "--export_format=onnx", env=env)

@@ -20,6 +20,7 @@ import os
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
+import onnxruntime
 
 from bert_tf.serving.predictor import ONNX_FILE
 from bert_tf.tasks.glue import truncate_seq_pair
@@ -74,8 +75,6 @@ class OnnxServe:
     """model.onnx of an export, its tokenizer and its task's read-out; call it like serving_default."""
 
     def __init__(self, export_dir: str, metadata: dict, intra_op_threads: int = 0):
-        import onnxruntime
-
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         self.session = onnxruntime.InferenceSession(_read_bytes(os.path.join(export_dir, ONNX_FILE)), options,
