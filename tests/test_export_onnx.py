@@ -56,19 +56,28 @@ def _model_dir(folder, info):
     return model
 
 
+def _export(model_dir, kind, fmt):
+    export_dir = model_dir.parent / f"{kind}_{fmt}"
+    export_model_dir(str(model_dir), str(export_dir), export_type=kind if kind == "encoder" else None,
+                     export_format=fmt, max_answer_length=4)
+    return export_dir
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """export type -> (Keras model, its model_dir, ONNX export, SavedModel export)."""
+    """export type -> (Keras model, its model_dir, ONNX export): a few seconds each."""
     base = tmp_path_factory.mktemp("onnx")
     out = {}
     for kind, info in INFOS.items():
         model = _model_dir(base / f"{kind}_dir", info)
-        export_type = kind if kind == "encoder" else None
-        for fmt in ("onnx", "savedmodel"):
-            export_model_dir(str(base / f"{kind}_dir"), str(base / f"{kind}_{fmt}"), export_type=export_type,
-                             export_format=fmt, max_answer_length=4)
-        out[kind] = (model, base / f"{kind}_dir", base / f"{kind}_onnx", base / f"{kind}_savedmodel")
+        out[kind] = (model, base / f"{kind}_dir", _export(base / f"{kind}_dir", kind, "onnx"))
     return out
+
+
+@pytest.fixture(scope="module")
+def saved_models(exports):
+    """export type -> the SavedModel export of the same model_dir (the reference for predict.py's answers)."""
+    return {kind: _export(model_dir, kind, "savedmodel") for kind, (_, model_dir, _) in exports.items()}
 
 
 def _ids(shape, seed):
@@ -88,7 +97,7 @@ def test_every_export_type_is_tested():
 
 @pytest.mark.parametrize("kind", list(INFOS))
 def test_float32_onnx_equals_the_keras_model(exports, kind):
-    model, _, onnx_dir, _ = exports[kind]
+    model, _, onnx_dir = exports[kind]
     session = onnxruntime.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["input_word_ids", "input_mask", "input_type_ids"]
     for shape in ([(2, 3, 11)] if kind == "multiple_choice" else [(3, 11), (1, 20)]):  # dynamic batch and length
@@ -121,9 +130,10 @@ def _rows(kind):
     return [(r[0], r[1] if len(r) > 1 else "") for r in ROWS.get(kind, PAIRS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(INFOS))
-def test_onnx_serves_raw_text_as_the_savedmodel(exports, kind):
-    _, _, onnx_dir, saved_dir = exports[kind]
+def test_onnx_serves_raw_text_as_the_savedmodel(exports, saved_models, kind):
+    onnx_dir, saved_dir = exports[kind][2], saved_models[kind]
     rows = _rows(kind)
     serve_onnx, meta_onnx = load(str(onnx_dir))
     serve_saved, meta_saved = load(str(saved_dir))
@@ -149,8 +159,8 @@ def _script(name, *args, env=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(INFOS))
-def test_predict_cli_on_the_onnx_export_prints_the_savedmodels_rows(exports, kind, tmp_path):
-    _, _, onnx_dir, saved_dir = exports[kind]
+def test_predict_cli_on_the_onnx_export_prints_the_savedmodels_rows(exports, saved_models, kind, tmp_path):
+    onnx_dir, saved_dir = exports[kind][2], saved_models[kind]
     rows = _rows(kind)
     inputs = tmp_path / "in.jsonl"
     inputs.write_text("".join(json.dumps({"text": a, "text_b": b}) + "\n" for a, b in rows), encoding="utf-8")
@@ -173,7 +183,7 @@ def test_predict_cli_on_the_onnx_export_prints_the_savedmodels_rows(exports, kin
 
 @pytest.mark.slow
 def test_beam_batch_inference_runs_the_onnx_export(exports, tmp_path):
-    _, _, onnx_dir, _ = exports["classification"]
+    _, _, onnx_dir = exports["classification"]
     inputs = tmp_path / "in.tsv"
     inputs.write_text("".join(f"{a}\t{b}\n" if b else f"{a}\n" for a, b in PAIRS), encoding="utf-8")
     code, _, errors = _script("predict.py", f"--export_dir={onnx_dir}", f"--input_file={inputs}",
@@ -184,7 +194,7 @@ def test_beam_batch_inference_runs_the_onnx_export(exports, tmp_path):
 
 
 def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, tmp_path):
-    _, model_dir, onnx_dir, _ = exports["classification"]
+    _, model_dir, onnx_dir = exports["classification"]
     int8_dir = tmp_path / "int8"
     export_model_dir(str(model_dir), str(int8_dir), export_format="onnx", quantize="int8")
     meta = json.loads((int8_dir / "assets" / "bert_tf_export.json").read_text())
@@ -199,7 +209,7 @@ def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, 
 
 
 def test_metadata_and_vocab_sit_beside_the_model(exports):
-    _, _, onnx_dir, _ = exports["tagging"]
+    _, _, onnx_dir = exports["tagging"]
     assert sorted(os.listdir(onnx_dir)) == ["assets", "model.onnx"]
     meta = json.loads((onnx_dir / "assets" / "bert_tf_export.json").read_text())
     assert meta["label_list"] == TAGS and meta["max_seq_length"] == SEQ and meta["onnx"]["file"] == "model.onnx"
@@ -208,7 +218,7 @@ def test_metadata_and_vocab_sit_beside_the_model(exports):
 
 
 def test_no_checkpoint_and_unknown_type_are_one_line_and_write_nothing(exports, tmp_path):
-    _, model_dir, _, _ = exports["classification"]
+    _, model_dir, _ = exports["classification"]
     empty = tmp_path / "no_ckpt"
     empty.mkdir()
     for name in ("vocab.txt", "bert_config.json", "bert_tf_info.json"):
@@ -225,7 +235,7 @@ def test_no_checkpoint_and_unknown_type_are_one_line_and_write_nothing(exports, 
 
 @pytest.mark.slow
 def test_missing_extra_is_one_line_naming_the_install_and_writes_nothing(exports, tmp_path):
-    _, model_dir, onnx_dir, _ = exports["classification"]
+    _, model_dir, onnx_dir = exports["classification"]
     blocked = tmp_path / "blocked"
     for name in ("tf2onnx", "onnxruntime"):  # stand-ins that fail to import, as when the extra is not installed
         (blocked / name).mkdir(parents=True)

@@ -30,6 +30,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from bert_tf.layers.normalization import plain_ops_for_export
 from bert_tf.serving.module import HUB_INPUTS, our_names
 from bert_tf.serving.predictor import ONNX_FILE, ONNX_FORMAT
 
@@ -90,7 +91,8 @@ def graph_function(served, export_type: str, ids_rank: int = 2):
         if skip is not None:
             served.skip_padding = False
         try:
-            return _named_outputs(export_type, served(our_names(hub), training=False))
+            with plain_ops_for_export():
+                return _named_outputs(export_type, served(our_names(hub), training=False))
         finally:
             if skip is not None:
                 served.skip_padding = skip
