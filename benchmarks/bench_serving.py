@@ -783,7 +783,7 @@ def ort_main(args, env):
             labels = check[name]["labels"]
             s["accuracy"] = float(np.mean([a == b for a, b in zip(labels, gold[:len(labels)], strict=True)]))
             agree, dp = "-", "-"
-            if name.endswith("int8"):
+            if name.split("-")[-1].startswith("int8"):
                 ref = check[name.replace("int8", "fp32")]
                 s["agree"] = float(np.mean([a == b for a, b in zip(labels, ref["labels"], strict=True)]))
                 agree = f"{100 * s['agree']:.1f}%"
