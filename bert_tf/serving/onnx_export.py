@@ -22,6 +22,8 @@ Dimensions: B batch, C choices, S sequence (any length up to max_position_embedd
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -153,6 +155,20 @@ def write_export(served, export_type: str, export_dir: str, assets, config, ids_
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _quiet_tools():
+    """tf2onnx and ONNX Runtime's optimizer and quantizer log every node at INFO (dozens of lines per export)."""
+    loggers = [logging.getLogger(), logging.getLogger("tf2onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2, quantize: Optional[str] = None,
                fusions: bool = False) -> str:
     """Converts `served` (a task model or an encoder) to folder/model.onnx; returns its path.
@@ -164,7 +180,9 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
     function, specs = graph_function(served, export_type, ids_rank)
     path = os.path.join(folder, ONNX_FILE)
     work = tempfile.mkdtemp(prefix=".onnx-export-")
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet_tools())
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
         current = os.path.join(work, "converted.onnx")
         try:
             tf2onnx.convert.from_function(function, input_signature=specs, opset=OPSET, output_path=current)
@@ -180,6 +198,4 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
             quantize_dynamic(current, os.path.join(work, "int8.onnx"), per_channel=True, weight_type=QuantType.QInt8)
             current = os.path.join(work, "int8.onnx")
         shutil.move(current, path)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return path
