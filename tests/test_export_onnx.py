@@ -91,6 +91,16 @@ def _ids(shape, seed):
     return {"input_word_ids": ids * mask, "input_mask": mask, "input_type_ids": types * mask}
 
 
+def test_layer_norm_traced_for_export_is_the_same_function():
+    from bert_tf.layers.normalization import layer_norm, plain_layer_norm
+
+    rng = np.random.default_rng(0)
+    x, gamma, beta = (tf.constant(rng.normal(m, s, shape).astype("float32"))
+                      for m, s, shape in ((3.0, 2.0, (4, 7, 32)), (1.0, 0.3, (32,)), (0.0, 0.5, (32,))))
+    np.testing.assert_allclose(plain_layer_norm(x, gamma, beta, 1e-12), layer_norm(x, gamma, beta, 1e-12),
+                               atol=2e-6, rtol=0)
+
+
 def test_every_export_type_is_tested():
     assert set(INFOS) == set(EXPORT_TYPES)
 
