@@ -1,16 +1,17 @@
 """The ONNX half of an export: the model (token ids in, float outputs out) as model.onnx, for ONNX Runtime.
 
 Why a second format: at batch 1 on CPUs TensorFlow's cost per op, not its kernels, sets the latency;
-ONNX Runtime runs the same weights 2-3x faster there (docs/serving.md). bert_tf.export owns what a
+ONNX Runtime ran the same weights about 2x faster there (issue 46; benchmarks/RESULTS.md, Serving). bert_tf.export owns what a
 model_dir exports (export types, options, vocab and metadata beside it, the temporary name renamed
 into place); this module only turns the Keras model into ONNX:
 
   1. a tf.function over the served model (the task model, or its encoder) with the TF-Hub inputs
      int32 [B, S] (multiple choice [B, C, S]), both axes dynamic, returning named float32 outputs
-     (EXPORT_OUTPUTS);
+     (EXPORT_OUTPUTS); padding computed, not skipped, and LayerNorm traced as the plain op chain that
+     ONNX Runtime fuses into one LayerNormalization when it loads the model;
   2. tf2onnx converts it (opset OPSET);
-  3. optionally ONNX Runtime's BERT graph optimizer (onnxruntime.transformers.optimizer) fuses
-     attention, LayerNorm and GELU (`fusions`);
+  3. optionally (`fusions`) ONNX Runtime's BERT graph optimizer (onnxruntime.transformers.optimizer,
+     model type bert_tf); on this graph it fuses MatMul + Add into Gemm, its attention pattern does not match;
   4. `quantize="int8"`: onnxruntime.quantization.quantize_dynamic, int8 weights per output channel,
      uint8 activations per call (the MatMuls; embeddings, LayerNorm, softmax stay float32).
 
@@ -103,7 +104,7 @@ def graph_function(served, export_type: str, ids_rank: int = 2):
 
 
 def _fuse(path: str, config, out_path: str) -> None:
-    """ONNX Runtime's BERT fusions (attention, LayerNorm, GELU, embedding) on a tf2onnx graph."""
+    """ONNX Runtime's BERT graph optimizer for tf2onnx graphs (model type bert_tf): the fusions whose patterns match."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     optimized = optimize_model(path, model_type="bert_tf", num_heads=config.num_attention_heads,
