@@ -12,6 +12,8 @@
   python export_savedmodel.py --init_checkpoint=all-MiniLM-L6-v2/ --export_dir=export/minilm
   # the same signatures with the Transformer blocks' dense layers in dynamic int8 (x86 TensorFlow with oneDNN)
   python export_savedmodel.py --model_dir=out/mrpc --export_dir=export/mrpc_int8 --quantize=int8
+  # ONNX for ONNX Runtime (CPU latency): model.onnx + assets/vocab.txt + assets/bert_tf_export.json
+  python export_savedmodel.py --model_dir=out/mrpc --export_dir=export/mrpc_onnx --export_format=onnx --quantize=int8
   # TF-Hub's BERT workflow: the encoder export is fine-tunable with hub.KerasLayer(..., trainable=True);
   # its preprocessor (strings -> input_word_ids / input_mask / input_type_ids; tokenize; bert_pack_inputs)
   python export_savedmodel.py --init_checkpoint=all-MiniLM-L6-v2/ --task_type=preprocessor \
@@ -51,6 +53,11 @@ flags.DEFINE_enum("quantize", "none", ["none", "int8"],
                   "none: float32 as trained. int8: the Transformer blocks' dense layers run in dynamic int8 "
                   "(int8 weights per output column, uint8 activations per call; embeddings, LayerNorm, softmax, "
                   "heads stay float32). Needs an x86 TensorFlow with oneDNN (the pip wheels), to export and to serve.")
+flags.DEFINE_enum("export_format", "savedmodel", ["savedmodel", "onnx"],
+                  "savedmodel: TF Serving, TF-Hub, Vertex, batch jobs (raw text in). onnx: model.onnx for ONNX Runtime "
+                  "(CPU latency; token ids in, tokenized in Python by predict.py), with vocab and metadata beside "
+                  "it; --quantize=int8 is then ONNX Runtime's dynamic int8. Needs pip install -e \".[onnx]\".")
+flags.DEFINE_bool("onnx_fusions", True, "onnx: apply ONNX Runtime's BERT graph fusions (attention, LayerNorm, GELU).")
 flags.mark_flag_as_required("export_dir")
 
 DEFAULT_ENCODER_SEQ_LENGTH = 128
@@ -70,7 +77,8 @@ def main(argv):
             out = export.export_model_dir(
                 FLAGS.model_dir, FLAGS.export_dir, export_type=FLAGS.task_type, max_seq_length=FLAGS.max_seq_length,
                 overwrite=FLAGS.overwrite, max_query_length=FLAGS.max_query_length,
-                max_answer_length=FLAGS.max_answer_length, quantize=FLAGS.quantize)
+                max_answer_length=FLAGS.max_answer_length, quantize=FLAGS.quantize,
+                export_format=FLAGS.export_format, onnx_fusions=FLAGS.onnx_fusions)
         else:
             if FLAGS.task_type not in (None, "encoder", export.PREPROCESSOR):
                 raise export.ExportError("--init_checkpoint exports an encoder or a preprocessor; use --model_dir "
@@ -78,11 +86,13 @@ def main(argv):
             out = export.export_checkpoint(
                 FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
                 FLAGS.export_dir, FLAGS.max_seq_length or DEFAULT_ENCODER_SEQ_LENGTH, overwrite=FLAGS.overwrite,
-                quantize=FLAGS.quantize, export_type=FLAGS.task_type or "encoder")
+                quantize=FLAGS.quantize, export_type=FLAGS.task_type or "encoder",
+                export_format=FLAGS.export_format, onnx_fusions=FLAGS.onnx_fusions)
     except (export.ExportError, CheckpointError, ConfigError, VocabError) as e:
         print(f"export_savedmodel.py: error: {e}", file=sys.stderr)
         sys.exit(1)
-    print(f"wrote SavedModel {out}" + (" (int8)" if FLAGS.quantize == "int8" else ""))
+    kind = "ONNX export" if FLAGS.export_format == "onnx" else "SavedModel"
+    print(f"wrote {kind} {out}" + (" (int8)" if FLAGS.quantize == "int8" else ""))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Answers text with an exported SavedModel (float or int8); the model needs only tensorflow and tensorflow_text.
+"""Answers text with an export of export_savedmodel.py (float or int8): a SavedModel, which needs only tensorflow
+and tensorflow_text, or an ONNX export (--export_format=onnx), run by ONNX Runtime with the Python tokenizer
+beside it (pip install -e ".[onnx]"); the same output rows from either.
 
   python predict.py --export_dir=export/mrpc --text="The cat sat." --text_b="A cat was sitting."
   python predict.py --export_dir=export/sst2 --input_file=sentences.txt          # one text per line
@@ -29,7 +31,7 @@ from bert_tf.serving.predictor import PredictError, iter_rows, json_line, load, 
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("export_dir", None, "A SavedModel written by export_savedmodel.py.")
+flags.DEFINE_string("export_dir", None, "A SavedModel or ONNX export written by export_savedmodel.py.")
 flags.DEFINE_string("text", None, "A text (SQuAD: the question; multiple choice: the context).")
 flags.DEFINE_string("text_b", None, "The second text of a pair (SQuAD: the context; multiple choice: choices a|b|c).")
 flags.DEFINE_string("input_file", None, "A UTF-8 file: one text per line, or text<TAB>text_b.")

@@ -24,6 +24,10 @@ TEST = TEST_FAST + [
 # Not the [tft] extra: tfx-bsl does not fit TensorFlow 2.20. The tests (tests/test_beam.py) use the same.
 BEAM = ["apache-beam[gcp]==2.77.0"]
 TEST += BEAM
+# The ONNX export (export_savedmodel.py --export_format=onnx) and serving it with ONNX Runtime (predict.py);
+# these versions install beside TensorFlow 2.20, numpy 2 and protobuf 6 (tests/test_export_onnx.py).
+ONNX = ["tf2onnx==1.17.0", "onnx==1.23.2", "onnxruntime==1.32.0"]
+TEST += ONNX
 
 setup(
     name="bert_tf",
@@ -51,6 +55,7 @@ setup(
         "test": TEST,
         "test-fast": TEST_FAST,
         "beam": BEAM,
+        "onnx": ONNX,
         "tfm": ["tf-models-official==2.20.0"],
         "experiments": ["matplotlib"],  # experiments/ablations.py's plot
         # TensorBoard's Profile tab for --profile_steps captures (resolves beside TensorFlow 2.20).

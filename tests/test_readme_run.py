@@ -83,6 +83,7 @@ SKIPPED_COMMANDS = [
      "the TPU run's phase 2 (gs://); the same two-phase rerun runs in pretraining.md"),
     ("docs/accelerators.md", "Training on GPU and Cloud TPU", r"--distribution_strategy=mirrored", "needs GPUs; "
      "flags elided (`...`)"),
+    ("docs/serving.md", "ONNX for CPU latency", r"^pip install -e", "installs packages (the test extra has [onnx])"),
     ("docs/serving.md", "TF Serving", r"^docker run ", "needs docker and the TF Serving image"),
     ("docs/serving.md", "TF Serving", r"^curl ", "needs the TF Serving container above"),
     ("docs/serving.md", "Use with TF-Hub", r"^pip install tensorflow-hub", "the test extra installs these; the "
@@ -314,6 +315,18 @@ def check_predict(w, out, values):
     assert sum(float(p) for p in rows[1][3:]) == pytest.approx(1.0, abs=1e-4)
 
 
+def check_onnx_export(w, out, values):
+    folder = w / "export" / "mrpc_onnx"
+    assert (folder / "model.onnx").is_file() and (folder / "assets" / "vocab.txt").is_file()
+    meta = _json(folder / "assets" / "bert_tf_export.json")
+    assert meta["format"] == "bert_tf ONNX" and meta["quantization"] == "int8-dynamic", meta
+
+
+def check_onnx_snippet(w, out, values):
+    probabilities = json.loads(out.strip().splitlines()[-1])
+    assert len(probabilities) == 1 and sum(probabilities[0]) == pytest.approx(1.0, abs=1e-5), out[-2000:]
+
+
 def check_serving_export(w, out, values):
     _saved_model(w / "serving" / "bert" / "1")
 
@@ -380,6 +393,9 @@ RUN_STEPS = [
     Step(SRV, "Export and predict", r"^python export_savedmodel\.py .*--export_dir=export/encoder",
          check_export("export/encoder")),
     Step(SRV, "Export and predict", r"^python predict\.py", check_predict),
+    Step(SRV, "ONNX for CPU latency", r"^python export_savedmodel\.py .*--export_format=onnx", check_onnx_export),
+    Step(SRV, "ONNX for CPU latency", r"^python predict\.py", check_predict),
+    Step(SRV, "ONNX for CPU latency", r"ort\.InferenceSession", check_onnx_snippet),
     Step(SRV, "int8", r"^python export_savedmodel\.py .*--quantize=int8", check_export("export/mrpc_int8")),
     Step(SRV, "TF Serving", r"^python run_classifier\.py .*--export_dir=serving/bert/1", check_serving_export),
     Step(SRV, "Use with TF-Hub", r"^python export_savedmodel\.py .*--export_dir=export/bert_encoder$",

@@ -9,6 +9,9 @@ kernel that reuses the forward's normalised input and inverse deviation.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import keras
 import tensorflow as tf
 
@@ -69,8 +72,33 @@ def dropout_add_layer_norm(y, residual, seed, rate: float, gamma, beta, epsilon:
     return forward(y, residual, gamma, beta)
 
 
+# Set while an exporter traces (bert_tf.serving.onnx_export): layer_norm as plain_layer_norm.
+_PLAIN_FOR_EXPORT = threading.local()
+
+
+@contextlib.contextmanager
+def plain_ops_for_export():
+    """Within the block, LayerNorm is traced as plain_layer_norm (no custom gradient): for converters."""
+    _PLAIN_FOR_EXPORT.on = True
+    try:
+        yield
+    finally:
+        _PLAIN_FOR_EXPORT.on = False
+
+
+def plain_layer_norm(x, gamma, beta, epsilon):
+    """layer_norm's function as ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add: the op chain that
+    ONNX Runtime fuses into one LayerNormalization (the rsqrt form of `_normalize` is not matched)."""
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.pow(centered, 2.0), axis=-1, keepdims=True)
+    return centered / tf.sqrt(variance + epsilon) * gamma + beta
+
+
 def layer_norm(x, gamma, beta, epsilon):
     """(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis; float32 tensors."""
+    if getattr(_PLAIN_FOR_EXPORT, "on", False):
+        return plain_layer_norm(x, gamma, beta, epsilon)
 
     @tf.custom_gradient
     def forward(x, gamma, beta):

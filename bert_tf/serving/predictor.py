@@ -1,7 +1,8 @@
-"""Answers rows of text with an exported SavedModel: what predict.py runs, one process or many (Beam).
+"""Answers rows of text with an export (a SavedModel, or ONNX): what predict.py runs, one process or many (Beam).
 
-Imports only TensorFlow and tensorflow_text (for the tokenizer ops) at run time, nothing else of
-bert_tf: a SavedModel needs no bert_tf code to run.
+A SavedModel needs only TensorFlow and tensorflow_text (for the tokenizer ops) at run time, nothing else
+of bert_tf. An ONNX export (model.onnx) runs in ONNX Runtime with the Python tokenizer beside it
+(bert_tf.serving.onnx_predictor), which answers with the same outputs as the SavedModel's serving_default.
 
 Inputs: one text per line, text<TAB>text_b, or JSON Lines ({"text": ..., "text_b": ...}; files
 ending in .jsonl or .json). Multiple choice takes its choices in text_b separated by "|" (or as a
@@ -15,6 +16,8 @@ import os
 from typing import Iterator, List, Tuple
 
 METADATA_FILE = "bert_tf_export.json"
+ONNX_FILE = "model.onnx"
+ONNX_FORMAT = "bert_tf ONNX"  # the metadata's "format" of an ONNX export (bert_tf.serving.onnx_export)
 CHOICE_SEPARATOR = "|"
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz")
 Row = Tuple[str, str]
@@ -69,50 +72,68 @@ def iter_rows(path: str) -> Iterator[Row]:
 def check_export(export_dir: str) -> str:
     """The path of the export's metadata file; PredictError when export_dir is not one of our exports."""
     metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
+    models = [os.path.join(export_dir, name) for name in ("saved_model.pb", ONNX_FILE)]
     if "://" in export_dir:  # gs:// and other TensorFlow file systems
         import tensorflow as tf
 
         try:
-            found = all(tf.io.gfile.exists(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+            found = tf.io.gfile.exists(metadata_file) and any(tf.io.gfile.exists(p) for p in models)
         except tf.errors.OpError as e:
             reason = " ".join(e.message.split()).split(" when reading")[0].split("error details: ")[-1]
             raise PredictError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
     else:
-        found = all(os.path.isfile(p) for p in (os.path.join(export_dir, "saved_model.pb"), metadata_file))
+        found = os.path.isfile(metadata_file) and any(os.path.isfile(p) for p in models)
     if not found:
-        raise PredictError(f"{export_dir}: not a SavedModel written by export_savedmodel.py")
+        raise PredictError(f"{export_dir}: not a SavedModel or ONNX export written by export_savedmodel.py")
     return metadata_file
 
 
+def _read_metadata(metadata_file: str) -> dict:
+    if "://" in metadata_file:
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(metadata_file, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    with open(metadata_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def load(export_dir: str):
-    """(serving signature, export metadata) of an export (float or int8)."""
-    metadata_file = check_export(export_dir)
+    """(serve, export metadata) of an export (SavedModel or ONNX, float or int8): serve(**inputs) takes
+    serving_default's inputs as lists of strings and returns its outputs as numpy arrays."""
+    metadata = _read_metadata(check_export(export_dir))
+    if metadata.get("format") == ONNX_FORMAT:
+        try:
+            from bert_tf.serving.onnx_predictor import OnnxServe
+        except ImportError as e:
+            raise PredictError(f"{export_dir} is an ONNX export; serving it needs {e.name}: "
+                               'pip install -e ".[onnx]"') from None
+        return OnnxServe(export_dir, metadata), metadata
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
-    with tf.io.gfile.GFile(metadata_file, "rb") as f:
-        metadata = json.loads(f.read().decode("utf-8"))
-    return tf.saved_model.load(export_dir).signatures["serving_default"], metadata
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+
+    def serve(**inputs):
+        return {k: v.numpy() for k, v in signature(**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+
+    return serve, metadata
 
 
 def run_batch(serve, kind, metadata, batch: List[Row]):
-    import tensorflow as tf
-
-    a = tf.constant([x for x, _ in batch])
+    a = [x for x, _ in batch]
     b = [y for _, y in batch]
     if kind == "span":
-        out = serve(question=a, context=tf.constant(b))
-    elif kind == "multiple_choice":
+        return serve(question=a, context=b)
+    if kind == "multiple_choice":
         n = metadata["num_choices"]
         choices = [y.split(CHOICE_SEPARATOR) for y in b]
         if any(len(c) != n for c in choices):
             raise PredictError(f"multiple choice: every input needs {n} choices separated by {CHOICE_SEPARATOR!r}")
-        out = serve(context=a, choices=tf.constant(choices))
-    elif kind == "tagging":
-        out = serve(text=a)
-    else:
-        out = serve(text_a=a, text_b=tf.constant(b))
-    return {k: v.numpy() for k, v in out.items()}
+        return serve(context=a, choices=choices)
+    if kind == "tagging":
+        return serve(text=a)
+    return serve(text_a=a, text_b=b)
 
 
 def rows_of(kind, metadata, out, batch: List[Row]):

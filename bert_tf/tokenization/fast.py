@@ -250,6 +250,11 @@ class FastTokenizer:
         """Words after the BasicTokenizer rules, before WordPiece."""
         return self._run(self._words, texts)
 
+    def word_ids(self, words: Iterable[str]) -> List[List[int]]:
+        """Vocab ids of the wordpieces of each word (words as `basic_tokenize_batch` returns them)."""
+        vocab, pieces = self.vocab, self._word_pieces
+        return [[vocab[piece] for piece in pieces[word]] for word in words]
+
     def tokenize(self, text: Union[str, bytes]) -> List[str]:
         return self.tokenize_batch([text])[0]
 

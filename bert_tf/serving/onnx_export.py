@@ -1,0 +1,202 @@
+"""The ONNX half of an export: the model (token ids in, float outputs out) as model.onnx, for ONNX Runtime.
+
+Why a second format: at batch 1 on CPUs TensorFlow's cost per op, not its kernels, sets the latency;
+ONNX Runtime ran the same weights about 2x faster there (issue 46; benchmarks/RESULTS.md, Serving). bert_tf.export owns what a
+model_dir exports (export types, options, vocab and metadata beside it, the temporary name renamed
+into place); this module only turns the Keras model into ONNX:
+
+  1. a tf.function over the served model (the task model, or its encoder) with the TF-Hub inputs
+     int32 [B, S] (multiple choice [B, C, S]), both axes dynamic, returning named float32 outputs
+     (EXPORT_OUTPUTS); padding computed, not skipped, and LayerNorm traced as the plain op chain that
+     ONNX Runtime fuses into one LayerNormalization when it loads the model;
+  2. tf2onnx converts it (opset OPSET);
+  3. optionally (`fusions`) ONNX Runtime's BERT graph optimizer (onnxruntime.transformers.optimizer,
+     model type bert_tf); on this graph it fuses MatMul + Add into Gemm, its attention pattern does not match;
+  4. `quantize="int8"`: onnxruntime.quantization.quantize_dynamic, int8 weights per output channel,
+     uint8 activations per call (the MatMuls; embeddings, LayerNorm, softmax stay float32).
+
+Tokenizing and the task's post-processing (answer spans, one tag per word) run in Python beside the
+session (bert_tf.serving.onnx_predictor), with FullTokenizer's rules.
+
+Dimensions: B batch, C choices, S sequence (any length up to max_position_embeddings), H hidden, L labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import unicodedata
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+from bert_tf.layers.normalization import plain_ops_for_export
+from bert_tf.serving.module import HUB_INPUTS, our_names
+from bert_tf.serving.predictor import ONNX_FILE, ONNX_FORMAT
+
+OPSET = 17
+INSTALL = 'pip install -e ".[onnx]"'
+# What each export type's graph returns (all float32), after the three int32 inputs HUB_INPUTS.
+EXPORT_OUTPUTS = {
+    "classification": ("logits", "probabilities"),  # [B, L] each
+    "regression": ("score",),  # [B]
+    "span": ("start_logits", "end_logits"),  # [B, S] each
+    "multiple_choice": ("logits", "probabilities"),  # [B, C] each
+    "tagging": ("logits", "probabilities"),  # [B, S, L] each
+    "encoder": ("pooled_output", "sequence_output"),  # [B, H], [B, S, H]; + encoder_outputs[_i] [B, S, H]
+}
+
+
+class OnnxExportError(ValueError):
+    """The ONNX tools are missing or failed; the message is one line."""
+
+
+def check_installed() -> Dict[str, str]:
+    """{package: version} of tf2onnx, onnx and onnxruntime; OnnxExportError naming the install command."""
+    versions = {}
+    for name in ("tf2onnx", "onnx", "onnxruntime"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            raise OnnxExportError(f"the ONNX export needs {name} (with tf2onnx, onnx and onnxruntime): "
+                                  f"{INSTALL}") from None
+        versions[name] = getattr(module, "__version__", "unknown")
+    return versions
+
+
+def _named_outputs(export_type: str, out) -> Dict[str, tf.Tensor]:
+    """The served model's outputs -> EXPORT_OUTPUTS[export_type] (float32)."""
+    if export_type == "encoder":
+        named = {"pooled_output": out["pooled_output"], "sequence_output": out["sequence_output"]}
+        for i, layer in enumerate(out["encoder_outputs"]):
+            named["encoder_outputs" if i == 0 else f"encoder_outputs_{i}"] = layer
+        return {k: tf.cast(v, tf.float32) for k, v in named.items()}
+    if export_type == "span":
+        return {k: tf.cast(out[k], tf.float32) for k in EXPORT_OUTPUTS["span"]}
+    logits = tf.cast(out, tf.float32)
+    if export_type == "regression":
+        return {"score": logits[:, 0]}
+    return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+
+
+def graph_function(served, export_type: str, ids_rank: int = 2):
+    """(tf.function of the three TF-Hub int32 inputs -> the named outputs, its input signature)."""
+    specs = [tf.TensorSpec([None] * ids_rank, tf.int32, name=name) for name in HUB_INPUTS]
+
+    def forward(input_word_ids, input_mask, input_type_ids):
+        hub = dict(zip(HUB_INPUTS, (input_word_ids, input_mask, input_type_ids), strict=True))
+        # Padding computed, not skipped: the skip-padding gathers (bert_tf/models/encoder.py) become a dozen
+        # shape ops per call in ONNX, and the predictor pads a batch to its longest text only.
+        skip = getattr(served, "skip_padding", None)
+        if skip is not None:
+            served.skip_padding = False
+        try:
+            with plain_ops_for_export():
+                return _named_outputs(export_type, served(our_names(hub), training=False))
+        finally:
+            if skip is not None:
+                served.skip_padding = skip
+
+    return tf.function(forward, input_signature=specs, autograph=False), specs
+
+
+def _fuse(path: str, config, out_path: str) -> None:
+    """ONNX Runtime's BERT graph optimizer for tf2onnx graphs (model type bert_tf): the fusions whose patterns match."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(path, model_type="bert_tf", num_heads=config.num_attention_heads,
+                               hidden_size=config.hidden_size, opt_level=1)
+    optimized.save_model_to_file(out_path)
+
+
+def quantization_method() -> dict:
+    """How quantize="int8" quantizes (the export's metadata)."""
+    return {"tool": "onnxruntime.quantization.quantize_dynamic", "weights": "int8, one scale per output channel",
+            "activations": "uint8, range per call", "ops": "MatMul (and Gemm); the rest float32"}
+
+
+def metadata_entries(export_type: str, do_lower_case: bool, strip_accents: Optional[bool], quantize: Optional[str],
+                     fusions: bool) -> dict:
+    """The export metadata's ONNX entries: the file, its inputs and outputs, the tools, and the tokenizer."""
+    versions = check_installed()
+    entries = {
+        "format": ONNX_FORMAT,
+        "onnx": {"file": ONNX_FILE, "opset": OPSET, "inputs": list(HUB_INPUTS),
+                 "outputs": list(EXPORT_OUTPUTS[export_type]) + (["encoder_outputs", "encoder_outputs_<i>"]
+                                                                if export_type == "encoder" else []),
+                 "fusions": bool(fusions), "versions": versions},
+        "tokenizer": {
+            "rules": "FullTokenizer (google-research/bert tokenization.py), in Python beside the ONNX Runtime "
+                     "session (bert_tf.tokenization.FastTokenizer, the same ids)",
+            "do_lower_case": bool(do_lower_case),
+            "strip_accents": bool(do_lower_case if strip_accents is None else strip_accents),
+            "max_chars_per_word": 200,
+            "python_unicode_version": unicodedata.unidata_version,
+        },
+    }
+    if quantize:
+        entries.update(quantization="int8-dynamic", quantization_method=quantization_method())
+    return entries
+
+
+def write_export(served, export_type: str, export_dir: str, assets, config, ids_rank: int,
+                 quantize: Optional[str], fusions: bool) -> None:
+    """export_dir/model.onnx (write_onnx) and export_dir/assets/<each of `assets`> (local files)."""
+    staging = tempfile.mkdtemp(prefix=".onnx-model-")
+    try:
+        write_onnx(served, export_type, staging, config, ids_rank, quantize, fusions)
+        tf.io.gfile.makedirs(os.path.join(export_dir, "assets"))
+        tf.io.gfile.copy(os.path.join(staging, ONNX_FILE), os.path.join(export_dir, ONNX_FILE), overwrite=True)
+        for path in assets:
+            tf.io.gfile.copy(path, os.path.join(export_dir, "assets", os.path.basename(path)), overwrite=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_tools():
+    """tf2onnx and ONNX Runtime's optimizer and quantizer log every node at INFO (dozens of lines per export)."""
+    loggers = [logging.getLogger(), logging.getLogger("tf2onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2, quantize: Optional[str] = None,
+               fusions: bool = False) -> str:
+    """Converts `served` (a task model or an encoder) to folder/model.onnx; returns its path.
+
+    fusions: ONNX Runtime's BERT graph fusions before quantizing; quantize: None or "int8".
+    """
+    import tf2onnx
+
+    function, specs = graph_function(served, export_type, ids_rank)
+    path = os.path.join(folder, ONNX_FILE)
+    work = tempfile.mkdtemp(prefix=".onnx-export-")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet_tools())
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        current = os.path.join(work, "converted.onnx")
+        try:
+            tf2onnx.convert.from_function(function, input_signature=specs, opset=OPSET, output_path=current)
+        except Exception as e:  # tf2onnx raises many types; the first line says which op
+            raise OnnxExportError(f"tf2onnx could not convert the {export_type} model: "
+                                  f"{str(e).splitlines()[0][:300]}") from None
+        if fusions:
+            _fuse(current, config, os.path.join(work, "fused.onnx"))
+            current = os.path.join(work, "fused.onnx")
+        if quantize == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(current, os.path.join(work, "int8.onnx"), per_channel=True, weight_type=QuantType.QInt8)
+            current = os.path.join(work, "int8.onnx")
+        shutil.move(current, path)
+    return path
