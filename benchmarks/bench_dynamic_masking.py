@@ -31,7 +31,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_pretraining import cpu_name  # noqa: E402
-from bench_pretraining_accuracy import _check, bert_config, run_one, split_corpus  # noqa: E402
+from bench_pretraining_accuracy import _check, bert_config, mean_sd, run_one, split_corpus  # noqa: E402
 
 # name -> (create_pretraining_data.py flags, whole-word masks)
 ARMS = {
@@ -142,9 +142,7 @@ def report(args, data, rates, runs) -> list:
             continue
 
         def cell(metric, ok=ok):
-            values = [r[metric] for r in ok]
-            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-            return f"{statistics.mean(values):.4f} ± {sd:.4f}"
+            return mean_sd([r[metric] for r in ok])
 
         lines.append(f"  {key:22s} held-out MLM acc {cell('masked_lm_accuracy')}, loss {cell('masked_lm_loss')}; "
                      "acc per seed " + " ".join(f"{r['masked_lm_accuracy']:.4f}" for r in ok))

@@ -153,6 +153,12 @@ def run_one(args, variant: str, seed: int, data: dict, config_file: str, env, ex
     return dict(read_results(os.path.join(out, "eval_results.txt")), seconds=time.time() - start)
 
 
+def mean_sd(values) -> str:
+    """'mean ± sd' of the seeds' values (sd nan for one seed)."""
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
+
+
 def report(args, variants, results, devices) -> list:
     """The table (mean, sd and each seed's value per variant) and each variant's agreement with the first."""
     lines = [f"BERT-{args.size}, seq {args.seq}, batch {args.batch}, {args.steps} steps (warmup {args.warmup_steps}), "
@@ -166,9 +172,7 @@ def report(args, variants, results, devices) -> list:
             continue
 
         def cell(metric, ok=ok):
-            values = [r[metric] for r in ok]
-            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-            return f"{statistics.mean(values):.4f} ± {sd:.4f}"
+            return mean_sd([r[metric] for r in ok])
 
         lines.append(f"{v:16s} {cell('masked_lm_accuracy'):>16s} {cell('next_sentence_accuracy'):>16s} "
                      f"{statistics.mean(r['masked_lm_loss'] for r in ok):9.4f} "

@@ -227,6 +227,32 @@ def tiny_pretraining_folder(folder: pathlib.Path, **config) -> pathlib.Path:
     return folder
 
 
+def tiny_task_model_dir(folder: pathlib.Path, info: dict, *, seq: int, hidden: int, layers: int, weight_sd: float,
+                        seed: int):
+    """A model_dir of a task model on TINY_VOCAB: vocab.txt, bert_config.json (`hidden` wide, `layers` deep),
+    bert_tf_info.json (`info`, lower-cased, max_seq_length `seq`) and ckpt-1 with weights drawn from
+    N(0, weight_sd) (a freshly initialised model's outputs are too alike to tell formats apart). Returns the
+    Keras model."""
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_tf.configs import BertConfig, write_run_info
+    from bert_tf.model_dir import build_task_model
+
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+    config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64)
+    config.to_json_file(str(folder / "bert_config.json"))
+    write_run_info(str(folder), do_lower_case=True, max_seq_length=seq, **info)
+    model = build_task_model(config, info)
+    rng = np.random.default_rng(seed)
+    for v in model.trainable_variables:
+        v.assign(rng.normal(0.0, weight_sd, v.shape).astype("float32"))
+    tf.train.Checkpoint(model=model).write(str(folder / "ckpt-1"))
+    return model
+
+
 @pytest.fixture
 def tiny_vocab_file(tmp_path):
     path = tmp_path / "vocab.txt"

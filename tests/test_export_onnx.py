@@ -9,11 +9,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_VOCAB
+from conftest import REPO, TINY_VOCAB, tiny_task_model_dir
 
-from bert_tf.configs import BertConfig, write_run_info
 from bert_tf.export import EXPORT_TYPES, ExportError, export_checkpoint, export_model_dir
-from bert_tf.model_dir import build_task_model
 from bert_tf.serving.predictor import Predictor, load, rows_of, run_batch
 
 onnxruntime = pytest.importorskip("onnxruntime")  # the [onnx] extra, part of [test]
@@ -42,18 +40,7 @@ PAIRS = [("The cat sat on the mat.", ""), ("HELLO, how are you?", "The dog sat."
 
 
 def _model_dir(folder, info):
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
-    config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
-    config.to_json_file(str(folder / "bert_config.json"))
-    write_run_info(str(folder), do_lower_case=True, max_seq_length=SEQ, **info)
-    model = build_task_model(config, info)
-    rng = np.random.default_rng(3)
-    for v in model.trainable_variables:
-        v.assign(rng.normal(0.0, 0.5, v.shape).astype("float32"))
-    tf.train.Checkpoint(model=model).write(str(folder / "ckpt-1"))
-    return model
+    return tiny_task_model_dir(folder, info, seq=SEQ, hidden=16, layers=2, weight_sd=0.5, seed=3)
 
 
 def _export(model_dir, kind, fmt):

@@ -7,11 +7,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_VOCAB
+from conftest import REPO, tiny_task_model_dir
 
-from bert_tf.configs import BertConfig, write_run_info
 from bert_tf.export import export_model_dir
-from bert_tf.model_dir import build_task_model
 from bert_tf.tokenization import FullTokenizer
 
 SEQ = 24
@@ -19,18 +17,7 @@ TAGS = ["O", "B-PER", "I-PER"]
 
 
 def _model_dir(folder, info):
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
-    config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=32)
-    config.to_json_file(str(folder / "bert_config.json"))
-    write_run_info(str(folder), do_lower_case=True, max_seq_length=SEQ, **info)
-    model = build_task_model(config, info)
-    rng = np.random.default_rng(1)
-    for v in model.trainable_variables:
-        v.assign(rng.normal(0.0, 1.0, v.shape).astype("float32"))
-    tf.train.Checkpoint(model=model).write(str(folder / "ckpt-1"))
-    return model
+    return tiny_task_model_dir(folder, info, seq=SEQ, hidden=8, layers=1, weight_sd=1.0, seed=1)
 
 
 @pytest.fixture(scope="module")
