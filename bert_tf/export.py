@@ -47,6 +47,7 @@ from bert_tf.serving import onnx_export
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
+from bert_tf.serving.formats import METADATA_FILE
 from bert_tf.serving.module import ServingOptions, ServingOptionsError
 from bert_tf.serving.multiple_choice import MultipleChoiceServing
 from bert_tf.serving.preprocessor import PreprocessorServing
@@ -70,7 +71,6 @@ SERVING_MODULES = {
 EXPORT_TYPES = tuple(SERVING_MODULES)
 # The TF-Hub BERT preprocessor (bert_tf/serving/preprocessor.py): tokenizer and packing only, no model.
 PREPROCESSOR = "preprocessor"
-METADATA_FILE = "bert_tf_export.json"
 METADATA_VERSION = 1
 # What an export is written as: a SavedModel (TF Serving, TF-Hub, batch jobs) or ONNX (ONNX Runtime on CPUs).
 EXPORT_FORMATS = ("savedmodel", "onnx")

@@ -183,6 +183,19 @@ def check_phase1(w, out, values):
     assert "masked_lm_accuracy" in _results(w / "model" / "eval_results.txt")
 
 
+def check_dynamic_records(w, out, values):
+    from bert_tf.data import schema
+
+    files = sorted((w / "data_dyn").glob("train*.tfrecord"))
+    assert files and schema.inspect_record_file(str(files[0]))["masking"] == schema.DYNAMIC, files
+
+
+def check_dynamic_pretraining(w, out, values):
+    assert "masking: dynamic, 0.15 of the tokens up to 5, whole words, drawn per batch read" in out, out[-3000:]
+    assert _ckpt_steps(w / "model_dyn")[-1] == 4, _ckpt_steps(w / "model_dyn")
+    assert "masked_lm_accuracy" in _results(w / "model_dyn" / "eval_results.txt")
+
+
 def check_phase2(w, out, values):
     assert re.search(r"resumed from \S*ckpt-4 at step 4", out), out[-3000:]
     assert re.search(r"input_ids \[4, 32\] -> \[4, 64\].*the input starts", out), out[-3000:]  # phase 2's records
@@ -376,6 +389,8 @@ RUN_STEPS = [
     Step(PRE, "Continued pretraining and domain vocabulary", r"^python create_pretraining_data\.py", check_kjv_records),
     Step(PRE, "Continued pretraining and domain vocabulary", r"^python run_pretraining\.py", check_continued),
     Step(PRE, "Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
+    Step(PRE, "Dynamic masking", r"^python create_pretraining_data\.py .*--masking=dynamic", check_dynamic_records),
+    Step(PRE, "Dynamic masking", r"^python run_pretraining\.py .*data_dyn/", check_dynamic_pretraining),
     Step(FT, "Tasks", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
     Step(FT, "Tasks", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
     Step(FT, "Tasks", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),

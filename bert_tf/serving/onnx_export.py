@@ -34,8 +34,8 @@ from typing import Dict, Optional
 import tensorflow as tf
 
 from bert_tf.layers.normalization import plain_ops_for_export
+from bert_tf.serving.formats import ONNX_FILE, ONNX_FORMAT
 from bert_tf.serving.module import HUB_INPUTS, our_names
-from bert_tf.serving.predictor import ONNX_FILE, ONNX_FORMAT
 
 OPSET = 17
 INSTALL = 'pip install -e ".[onnx]"'

@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import onnxruntime
 
-from bert_tf.serving.predictor import ONNX_FILE
+from bert_tf.serving.formats import ONNX_FILE
 from bert_tf.tasks.glue import truncate_seq_pair
 from bert_tf.tokenization.fast import FastTokenizer
 

@@ -15,9 +15,8 @@ import json
 import os
 from typing import Iterator, List, Tuple
 
-METADATA_FILE = "bert_tf_export.json"
-ONNX_FILE = "model.onnx"
-ONNX_FORMAT = "bert_tf ONNX"  # the metadata's "format" of an ONNX export (bert_tf.serving.onnx_export)
+from bert_tf.serving.formats import METADATA_FILE, ONNX_FILE, ONNX_FORMAT
+
 CHOICE_SEPARATOR = "|"
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz")
 Row = Tuple[str, str]
@@ -104,7 +103,7 @@ def load(export_dir: str):
     metadata = _read_metadata(check_export(export_dir))
     if metadata.get("format") == ONNX_FORMAT:
         try:
-            from bert_tf.serving.onnx_predictor import OnnxServe
+            from bert_tf.serving.onnx_predictor import OnnxServe  # lazy: onnxruntime is an optional extra
         except ImportError as e:
             raise PredictError(f"{export_dir} is an ONNX export; serving it needs {e.name}: "
                                'pip install -e ".[onnx]"') from None
