@@ -28,6 +28,9 @@ def define_tpu_and_strategy_flags():
     flags.DEFINE_enum("mixed_precision", "float32", ["float32", "bfloat16", "float16"],
                       "Compute precision: bfloat16 on TPU and CPU, float16 (with loss scaling) on GPU.")
     flags.DEFINE_bool("jit_compile", None, "XLA-compile the step. Default: on for TPU and GPU, off on CPU.")
+    flags.DEFINE_bool("compile_whole_step", None, "Compile the whole training step (forward, loss, gradients, "
+                      "clipping, optimizer update) as one XLA program instead of the gradient step and the update "
+                      "apart. Needs XLA and one device. Default: on for one GPU (faster there), off elsewhere.")
     flags.DEFINE_string("xla_cache_dir", None, "Keep XLA's compiled programs here, so a resumed or repeated run loads "
                         "its compiled step instead of compiling it again. Default: <output_dir>/xla_cache when the "
                         "step is XLA-compiled (--jit_compile, or by default on a TPU or GPU); 'none': no cache. A path caches every XLA program of "
@@ -76,10 +79,40 @@ def train_settings(strategy=None):
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
         jit_compile=use_jit(strategy) if strategy is not None else False,
+        compile_whole_step=use_whole_step(strategy) if strategy is not None else False,
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps(),
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
+
+
+def use_gpu_xla_flags():
+    """XLA's GPU flags that the scripts set by default (bert_tf/training/xla_gpu.py), where the CUDA driver
+    sees a GPU and --jit_compile is not false; like the cache, before anything starts TensorFlow's runtime.
+    Returns the flags added."""
+    from bert_tf.training import xla_cache, xla_gpu
+
+    if "jit_compile" not in FLAGS or FLAGS.jit_compile is False or xla_cache.cuda_device_count() == 0:
+        return []
+    return xla_gpu.apply_gpu_defaults()
+
+
+def use_whole_step(strategy) -> bool:
+    """--compile_whole_step, or by default on where the step is XLA-compiled on one GPU (benchmarks/RESULTS.md,
+    "GPU candidates": 1.10x on an H200); a one-line exit where it cannot apply."""
+    jit = use_jit(strategy)
+    replicas = strategy.num_replicas_in_sync
+    chosen = FLAGS.compile_whole_step if "compile_whole_step" in FLAGS else None
+    if chosen is None:
+        import tensorflow as tf
+
+        return jit and replicas == 1 and strategy_name() != "tpu" and bool(tf.config.list_logical_devices("GPU"))
+    if chosen and not jit:
+        fail("--compile_whole_step compiles the step with XLA: it needs --jit_compile (off by default on CPU)")
+    if chosen and replicas != 1:
+        fail(f"--compile_whole_step runs on one device, not {replicas} replicas: drop it, or use "
+             "--distribution_strategy=one_device")
+    return bool(chosen)
 
 
 def use_xla_cache():
@@ -163,10 +196,22 @@ def fail(message: str):
     _exit(f"error: {message}")
 
 
+def fail_with(error: Exception):
+    """fail(str(error)); after an out-of-device-memory error the process ends at once (os._exit, output
+    flushed): TensorFlow's own teardown can crash then (seen on CPU: a double free while collecting garbage
+    after a failed allocation inside the XLA-compiled whole step)."""
+    from bert_tf.training.device_memory import OutOfDeviceMemory
+
+    global _HARD_EXIT
+    _HARD_EXIT = _HARD_EXIT or isinstance(error, OutOfDeviceMemory)
+    fail(str(error))
+
+
 def setup_logging():
     """The start of every runner: the XLA cache set (before anything starts TensorFlow's runtime), log
     lines with times, then every remote path flag checked."""
     use_xla_cache()
+    use_gpu_xla_flags()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)
     import tensorflow as tf
@@ -427,7 +472,7 @@ def run_and_report(run_fn, cfg, settings) -> None:
     try:
         results = run_fn(cfg)
     except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        fail(str(e))
+        fail_with(e)
     except TrainingPreempted as e:
         exit_preempted(e)
     export_if_asked(settings)

@@ -140,7 +140,7 @@ def main(_):
     try:
         results = run_pretraining(config, strategy)
     except (InputDataError, PretrainingError, TrainingError) as e:
-        fail(str(e))
+        bert_flags.fail_with(e)
     except TrainingPreempted as e:
         bert_flags.exit_preempted(e)
     if results:

@@ -68,7 +68,7 @@ def main(_):
     try:
         results = run(cfg, inputs)
     except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        fail(str(e))
+        bert_flags.fail_with(e)
     except TrainingPreempted as e:
         bert_flags.exit_preempted(e)
     bert_flags.export_if_asked(cfg.run)

@@ -81,6 +81,8 @@ import sys
 import tempfile
 import time
 
+from bert_tf.training import xla_gpu
+
 # layers, hidden (tiny: tests; base4: BERT-base's width and per-layer kernels in 4 layers, a fraction of its
 # compile time: the GPU candidates' A/B matrix, benchmarks/gpu_matrix.py)
 SIZES = {"tiny": (2, 128), "small": (4, 512), "base4": (4, 768), "base": (12, 768)}
@@ -107,7 +109,7 @@ XLA_PRESETS = {
     "cb_fusion": "--xla_gpu_enable_command_buffer=FUSION",
     "triton_off": "--xla_gpu_enable_triton_gemm=false",
     "cublaslt": "--xla_gpu_enable_cublaslt=true",
-    "cudnn_ln": "--xla_gpu_enable_cudnn_layer_norm=true",
+    "cudnn_ln": xla_gpu.CUDNN_LAYER_NORM,  # with whole: the training scripts' GPU default
 }
 
 

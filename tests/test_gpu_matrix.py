@@ -8,13 +8,13 @@ import sys
 import pytest
 from conftest import REPO, benchmark_module
 
-BASE = "ours-bf16-xla"
+BASE = benchmark_module("gpu_matrix").BASELINE  # the scripts' GPU default: ours-bf16-xla+whole+cudnn_ln
 
 
 def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
     matrix = benchmark_module("gpu_matrix")
     results = {BASE: dict(seq_per_s=100.0), f"{BASE}+cudnn": dict(seq_per_s=110.0),
-               f"{BASE}+whole": dict(seq_per_s=101.0),  # within NOISE: left out
+               f"{BASE}+triton_off": dict(seq_per_s=101.0),  # within NOISE: left out
                f"{BASE}+adrop0": dict(seq_per_s=130.0),  # another recipe: measured only
                f"{BASE}+cb_off": dict(seq_per_s=104.0), f"{BASE}+cb_fusion": dict(seq_per_s=106.0),  # one flag
                f"{BASE}+cublaslt": dict(seq_per_s=90.0)}
@@ -26,7 +26,8 @@ def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
     assert matrix.winner({**ratios, f"{BASE}+cudnn+cb_fusion": 1.15}) == f"{BASE}+cudnn+cb_fusion"
     assert matrix.winner(ratios) == f"{BASE}+cudnn"
     assert matrix.winner({}) == BASE and matrix.speedups({f"{BASE}+cudnn": dict(seq_per_s=1.0)}) == {}
-    assert matrix.choose_combination({BASE: 1.0, f"{BASE}+whole": 0.99}) == []
+    assert matrix.choose_combination({BASE: 1.0, f"{BASE}+triton_off": 0.99}) == []
+    assert matrix.options_of(f"{BASE}+cudnn+cb_fusion") == ["cudnn", "cb_fusion"] and matrix.options_of(BASE) == []
 
 
 def test_progress_keeps_each_variants_best_round_and_skips_failures(tmp_path):
@@ -48,7 +49,7 @@ def test_a_spent_budget_skips_every_step_and_says_so(tmp_path):
         ("smoke", "skipped"), ("matrix", "skipped"), ("combination", "skipped"), ("winner", BASE),
         ("base", "skipped"), ("finetune", "skipped"), ("accuracy", "skipped"), ("session", "end")]
     assert records[0]["reason"].startswith("45 s expected")
-    assert "winner: ours-bf16-xla" in (out / "summary.md").read_text()
+    assert f"winner: {BASE}\n" in (out / "summary.md").read_text()
 
 
 def test_unknown_step_or_candidate_is_one_line_error(tmp_path):
@@ -62,17 +63,17 @@ def test_unknown_step_or_candidate_is_one_line_error(tmp_path):
 def test_dry_run_measures_the_matrix_and_names_a_winner(tmp_path):
     out = tmp_path / "dry"
     proc = subprocess.run([sys.executable, "benchmarks/gpu_matrix.py", "--dry_run", f"--out_dir={out}",
-                           "--steps=matrix,combination", "--candidates=whole", "--budget_s=900"],
+                           "--steps=matrix,combination", "--candidates=cb_off", "--budget_s=900"],
                           capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "session.jsonl").read_text().splitlines()]
     assert [(r["step"], r["status"]) for r in records if r["step"] != "winner"] == [
         ("matrix", "started"), ("matrix", "done"), ("combination", "skipped"), ("session", "end")]
     measured = benchmark_module("gpu_matrix").read_progress(str(out / "matrix"))
-    assert sorted(measured) == [BASE, f"{BASE}+whole"]
+    assert sorted(measured) == [BASE, f"{BASE}+cb_off"]
     assert all(r["seq_per_s"] > 0 and r["device"] for r in measured.values())
     (winner,) = [r["status"] for r in records if r["step"] == "winner"]
     assert winner in measured
     text = (out / "summary.md").read_text()
-    assert f"| matrix | {BASE} |" in text and f"| matrix | {BASE}+whole |" in text and f"winner: {winner}" in text
+    assert f"| matrix | {BASE} |" in text and f"| matrix | {BASE}+cb_off |" in text and f"winner: {winner}" in text
     assert (out / "matrix" / "results.json").exists() and (out / "matrix" / "report.txt").exists()

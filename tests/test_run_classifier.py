@@ -73,11 +73,13 @@ def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_
 
 
 def test_xla_default_shapes_are_few_and_score_as_padded(tiny_model, tmp_path):
-    """Under XLA (here --jit_compile on CPU, the GPU default) batches are cut to a few lengths chosen from the
-    data: the log names them and their real-token share, the step is traced once, prediction compiles one
-    program per length; evaluating the trained model at those shapes scores what padding to max_seq_length does."""
+    """Under XLA (here --jit_compile --compile_whole_step on CPU, the GPU default) batches are cut to a few
+    lengths chosen from the data: the log names them and their real-token share, the step is traced once,
+    prediction compiles one program per length; evaluating the trained model at those shapes scores what
+    padding to max_seq_length does."""
     out = tmp_path / "out"
     result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--do_eval", "--jit_compile",
+                                            "--compile_whole_step",
                                             "--num_train_epochs=4", "--learning_rate=1e-3",
                                             "--iterations_per_loop=6", "--eval_every_steps=0"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -92,7 +94,7 @@ def test_xla_default_shapes_are_few_and_score_as_padded(tiny_model, tmp_path):
     assert float(summary.group(2)) > 1.5 * float(summary.group(3))
     traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", log)
     assert traced and int(traced.group(1)) == 1 and 1 <= int(traced.group(2)) <= 4, log[-2000:]
-    assert "XLA compiling: training step at" in log
+    assert "XLA compiling: training step at" in log and "XLA: on, the whole step as one program" in log
     bucketed = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert float(bucketed["eval_accuracy"]) >= 0.9, bucketed
     # The same checkpoint evaluated with every batch padded to max_seq_length: the same metrics.

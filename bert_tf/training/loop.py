@@ -51,7 +51,7 @@ import tensorflow as tf
 from bert_tf import model_dir as model_dir_lib
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training import xla_cache
+from bert_tf.training import xla_cache, xla_gpu
 
 # The public names of the loop's parts, importable from here as before the split.
 from bert_tf.training.checkpointing import Checkpoints, input_signature  # noqa: F401
@@ -109,8 +109,8 @@ class TrainSettings:
     mixed_precision: str = "float32"
     jit_compile: bool = False
     # The whole step (forward, loss, gradients, clipping, optimizer update) as one XLA program rather
-    # than the gradient step and the update apart (step.py TrainStep whole_step): a GPU candidate,
-    # one device, with jit_compile.
+    # than the gradient step and the update apart (step.py TrainStep whole_step): one device, with
+    # jit_compile; the scripts' default on one GPU (bert_flags.use_whole_step; 1.10x on an H200).
     compile_whole_step: bool = False
     iterations_per_loop: int = 1000
     save_checkpoints_steps: int = 1000
@@ -331,8 +331,10 @@ class Trainer:
             f"{c.iterations_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
             f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
-            f"precision: {c.mixed_precision}, XLA: {'on' if c.jit_compile else 'off'}, clip_norm {c.clip_norm}"
-            + f", XLA cache: {xla_cache.current() or 'none'}",
+            f"precision: {c.mixed_precision}, XLA: "
+            + ("on, the whole step as one program" if c.compile_whole_step else "on" if c.jit_compile else "off")
+            + f", clip_norm {c.clip_norm}, XLA cache: {xla_cache.current() or 'none'}"
+            + (f", XLA GPU flags: {xla_gpu.in_effect()}" if xla_gpu.in_effect() else ""),
             f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
             + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")
             + f", weight decay {c.weight_decay_rate:g}",

@@ -7,7 +7,7 @@
     clipping folded into the optimizer's update, float16 dynamic loss scaling (skip the update and
     halve on overflow);
   * the evaluation step's metric terms.
-With `whole_step` (a GPU candidate) the replica step itself is one XLA program: forward, loss,
+With `whole_step` (the scripts' default on one GPU) the replica step itself is one XLA program: forward, loss,
 gradients, clipping and the optimizer update (and the loss-scale update) compiled together, instead
 of the gradient step and the optimizer's own update programs apart. One device only: the all-reduce
 then has nothing to reduce, and the update is the same arithmetic as the default's.
