@@ -913,10 +913,10 @@ def report(args, names, run):
         precision = name.split("-")[1]
         peak = hardware_peak(peaks, precision)
         r["mfu"] = r["seq_per_s"] * r["flops_per_seq"] / peak if peak else None
-        ratio = r["seq_per_s"] / best_peer if best_peer else float("nan")
-        cpu_ratio = least_peer_cpu / r["cpu_s_per_seq"] if least_peer_cpu else float("nan")
+        ratio = f"{r['seq_per_s'] / best_peer:11.2f}x" if best_peer else f"{'-':>12s}"  # no peer in the run
+        cpu_ratio = f"{least_peer_cpu / r['cpu_s_per_seq']:6.2f}x" if least_peer_cpu else f"{'-':>7s}"
         mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "   n/a"
-        say(f"{name:{width}s} {r['seq_per_s']:8.2f} {ratio:11.2f}x {r['cpu_s_per_seq']:9.3f} {cpu_ratio:6.2f}x "
+        say(f"{name:{width}s} {r['seq_per_s']:8.2f} {ratio} {r['cpu_s_per_seq']:9.2g} {cpu_ratio} "
             f"{mfu} {r['real_tokens_per_s']:10.0f} {r['compile_s']:9.1f} {r['loss']:8.4f} {r['params']:11,d}  "
             f"{r['device']}")
     ours = {k: v for k, v in ok.items() if k.startswith("ours")}
