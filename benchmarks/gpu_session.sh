@@ -12,10 +12,20 @@
 #   bash benchmarks/gpu_session.sh accuracy   # the short recipe: CPU fp32 vs GPU bf16 / fp16 under XLA, 2 seeds each
 #   bash benchmarks/gpu_session.sh packed FILES   # real seq-512 records: ours packed vs the peers padded
 #   bash benchmarks/gpu_session.sh smoke      # BERT-tiny, every GPU variant, 1 timed call: does it all run (~2 min)
+#   bash benchmarks/gpu_session.sh bundle     # after the others: $OUT as at most 8 files (what a loan returns):
+#                                             # results.tgz (all but profiles) and all.tgz.aa, .ab, ... (15 MB parts)
 # Each phase writes report.txt / results.json (bench_pretraining.py) or accuracy_report.txt (accuracy) there.
 set -eu
 out=${OUT:-gpu_results}
 phase=${1:-smoke}
+if [ "$phase" = bundle ]; then
+  tmp=$(mktemp -d)
+  tar czf "$tmp/results.tgz" -C "$out" --exclude='*.pb' --exclude='*.json.gz' --exclude='*trace*' .
+  tar czf "$tmp/all.tgz" -C "$out" .
+  find "$out" -mindepth 1 -delete
+  cp "$tmp/results.tgz" "$out/" && split -b 15m "$tmp/all.tgz" "$out/all.tgz."
+  rm -rf "$tmp"; ls -l "$out"; exit 0
+fi
 mkdir -p "$out/$phase"
 case "$phase" in
   matrix)
@@ -34,5 +44,5 @@ case "$phase" in
     python benchmarks/bench_pretraining.py --device=gpu --size=base --batch=32 --steps=10 --loops=2 \
       --input_file="${2:?records}" --pack_sequences --variants=ours-bf16-xla,hf-bf16-compile \
       --out_dir="$out/$phase" --xla_cache_dir="$out/xla_cache" ;;
-  *) echo "unknown phase $phase: matrix, smoke, speed, accuracy or packed" >&2; exit 2 ;;
+  *) echo "unknown phase $phase: matrix, smoke, speed, accuracy, packed or bundle" >&2; exit 2 ;;
 esac
