@@ -100,7 +100,8 @@ def runs(files):
                             f"--predict_file={files / 'dev.json'}", f"--n_best_size={N_BEST}"),
         # v1.1 runs under XLA: a few static lengths, one trace of the training step.
         "v1": squad_command(*common, f"--output_dir={files / 'out_v1'}", f"--train_file={files / 'train1.json'}",
-                            "--do_eval", f"--predict_file={files / 'dev1.json'}", "--jit_compile"),
+                            "--do_eval", f"--predict_file={files / 'dev1.json'}", "--jit_compile",
+                            "--compile_whole_step"),  # the GPU default's whole step
     }
     procs = {k: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=squad_env(),
                                  cwd=REPO) for k, c in commands.items()}
@@ -203,6 +204,7 @@ def test_v1_train_and_eval(runs):
     traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", stderr)
     assert traced and int(traced.group(1)) == 1 and 1 <= int(traced.group(2)) <= 4, stderr[-2000:]
     assert "train: XLA batch shapes" in stderr and "of positions real (padded to" in stderr
+    assert "XLA: on, the whole step as one program" in stderr
     results, keys = read_eval_results(out / "eval_results.txt")
     assert keys == ["exact_match", "f1", "global_step"]
     assert results["exact_match"] >= 90, results

@@ -121,7 +121,8 @@ def test_under_xla_learns_with_one_program_per_shape(tiny_model, data_dir, tmp_p
                       f"--bert_config_file={tiny_model / 'bert_config.json'}", f"--output_dir={out}",
                       "--max_seq_length=32", "--train_batch_size=2", "--eval_batch_size=4", "--predict_batch_size=4",
                       "--num_train_epochs=8", "--learning_rate=1e-3", "--iterations_per_loop=8",
-                      "--jit_compile", "--do_train", "--do_eval", "--do_predict", *(["--pack_sequences"] if packed else []))
+                      "--jit_compile", "--do_train", "--do_eval", "--do_predict",
+                      *(["--pack_sequences"] if packed else ["--compile_whole_step"]))  # unpacked: as on a GPU
     assert result.returncode == 0, result.stderr[-3000:]
     traced = re.search(r"XLA programs traced: training step (\d+), prediction (\d+)", result.stderr)
     assert traced and int(traced.group(1)) == 1, result.stderr[-2000:]
