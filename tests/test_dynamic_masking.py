@@ -1,7 +1,8 @@
 """Dynamic masking (bert_tf/data/masking.py): the original's rule drawn in tf.data, deterministic, resumable,
-and run_pretraining.py on records without masks (kinds, vocab, resume through the script)."""
+and run_pretraining.py on records without masks (kinds, vocab, resume through the script, two workers packed and not)."""
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -305,3 +306,93 @@ def test_mirrored_two_replicas_resume_to_the_uninterrupted_weights(dyn, tmp_path
                           cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK replicas 2" in proc.stdout
+
+
+# run_pretraining.py itself, with a tap on masking.draw_masks: one line per batch it masks, to the file
+# named first (the key, a fingerprint of the unmasked ids and one of the masked positions).
+TAPPED_SCRIPT = """
+import runpy
+import sys
+import tensorflow as tf
+from bert_tf.data import masking
+tap, draw = "file://" + sys.argv[1], masking.draw_masks
+
+def fingerprint(x):  # int64: sum of x weighted by its row and column
+    x = tf.cast(x, tf.int64)
+    rows = tf.range(1, tf.shape(x, out_type=tf.int64)[0] + 1)[:, None]
+    return tf.reduce_sum(x * rows * tf.range(1, x.shape[1] + 1, dtype=tf.int64)[None, :])
+
+def tapped(features, key, options):
+    out = draw(features, key, options)
+    tf.print(key, fingerprint(features["input_ids"]), fingerprint(out["masked_lm_positions"]), output_stream=tap)
+    return out
+
+masking.draw_masks = tapped
+sys.argv = ["run_pretraining.py"] + sys.argv[2:]
+runpy.run_path("run_pretraining.py", run_name="__main__")
+"""
+
+
+def _taps(path):
+    """{batch index: (seed, input pipeline, ids fingerprint, positions fingerprint)} from a tap file."""
+    draws = {}
+    for line in path.read_text().splitlines():
+        key, rest = line.split("] ")  # "[seed pipeline index] ids positions"
+        seed, pipeline, index = (int(k) for k in key.strip("[").split())
+        draw = (seed, pipeline, *(int(v) for v in rest.split()))
+        assert draws.setdefault(index, draw) == draw  # (a batch drawn twice: the same masks)
+    return draws
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [False, True])
+def test_two_workers_train_on_records_without_masks_with_masks_of_their_own(dyn, tmp_path, pack):
+    """--distribution_strategy=multi_worker, two local worker processes (TF_CONFIG), packed and not: the run
+    finishes on both; each worker is its own input pipeline, reading other records and drawing their masks
+    from its own keys (seed, worker, batch index)."""
+    from test_reliability import _free_ports
+
+    steps, out = 6, tmp_path / "out"
+    workers = [f"localhost:{p}" for p in _free_ports(2)]
+    flags = dict(bert_config_file=dyn / "bert_config.json", input_file=dyn / "dyn.tfrecord", output_dir=out,
+                 vocab_file=dyn / "vocab.txt", max_seq_length=SEQ, max_predictions_per_seq=PREDS, do_train=True,
+                 train_batch_size=16, num_train_steps=steps, num_warmup_steps=1, learning_rate=1e-3,
+                 iterations_per_loop=2, save_checkpoints_steps=steps, distribution_strategy="multi_worker",
+                 pack_sequences=pack, seed=7)
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO, TF_CONFIG=json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
+        cmd = [sys.executable, "-c", TAPPED_SCRIPT, str(tmp_path / f"tap{index}.txt")] + [
+            f"--{k}={v}" for k, v in flags.items()]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                      env=env))
+    try:
+        results = [proc.communicate(timeout=240) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, stderr) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, stderr[-3000:]
+    # Both workers train the same synchronous steps (MultiWorkerMirroredStrategy is CollectiveAllReduceStrategy)
+    # and report the same all-reduced loss; the run summary names the optimizer once.
+    last = []
+    for _, stderr in results:
+        assert "strategy: CollectiveAllReduceStrategy with 2 replica(s)" in stderr
+        assert stderr.count("optimizer: adamw") == 1
+        assert "masking: dynamic, 0.15 of the tokens up to 5, word pieces" in stderr
+        last.append([line.split(" INFO ")[1] for line in stderr.splitlines() if f"step {steps}/{steps} loss" in line])
+        assert len(last[-1]) == 1, stderr[-3000:]
+    assert last[0][0].split(" lr ")[0] == last[1][0].split(" lr ")[0]  # (examples/s differ)
+    assert tf.train.latest_checkpoint(str(out)) == f"{out}/ckpt-{steps}"
+    taps = [_taps(tmp_path / f"tap{index}.txt") for index in range(2)]
+    # Each worker masked the batches of its own pipeline, keyed (seed 7, its index, batch index); unpacked, one
+    # batch per step (8 rows: the global 16 over 2 workers), packed, buffers of instances (prefetching draws more).
+    for index, draws in enumerate(taps):
+        assert {(seed, pipeline) for seed, pipeline, _, _ in draws.values()} == {(7, index)}
+        assert set(range(1 if pack else steps)) <= set(draws), sorted(draws)
+    # Other records, other masks: no batch of one worker is a batch of the other.
+    assert not {d[2] for d in taps[0].values()} & {d[2] for d in taps[1].values()}
+    assert not {d[3] for d in taps[0].values()} & {d[3] for d in taps[1].values()}
