@@ -205,6 +205,29 @@ def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, 
     np.testing.assert_allclose(int8["probabilities"], fp32["probabilities"], atol=0.1)
 
 
+def test_a_padded_batch_runs_its_dense_layers_on_real_tokens_and_the_session_flushes_denormals(exports):
+    """Batch throughput: the export keeps the task model's skip_padding (tf.where -> NonZero picks the real
+    tokens' rows), a padded row answers as when alone, and the predictor's session sets no-spin and FTZ/DAZ."""
+    import onnx
+
+    from bert_tf.serving.onnx_predictor import SESSION_CONFIG, OnnxServe
+
+    _, _, onnx_dir = exports["classification"]
+    ops = {n.op_type for n in onnx.load(str(onnx_dir / "model.onnx")).graph.node}
+    assert "NonZero" in ops, ops
+    meta = json.loads((onnx_dir / "assets" / "bert_tf_export.json").read_text())
+    serve = OnnxServe(str(onnx_dir), meta)
+    options = serve.session.get_session_options()
+    assert {k: options.get_session_config_entry(k) for k in SESSION_CONFIG} == {
+        "session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "0"}
+    batch = _ids((4, 16), seed=4)  # rows of 3 and 12 real tokens, padded to 16
+    together = serve.run(batch)["logits"]
+    for i in range(4):
+        n = int(batch["input_mask"][i].sum())
+        alone = serve.run({k: v[i:i + 1, :n] for k, v in batch.items()})["logits"]
+        np.testing.assert_allclose(together[i:i + 1], alone, atol=1e-5, rtol=0)
+
+
 def test_a_pretrained_checkpoint_exports_its_encoder_to_onnx(exports, tmp_path):
     model, model_dir, _ = exports["encoder"]
     export_checkpoint(str(model_dir), None, None, True, str(tmp_path / "enc"), 16, export_format="onnx")
