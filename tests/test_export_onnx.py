@@ -228,6 +228,36 @@ def test_a_padded_batch_runs_its_dense_layers_on_real_tokens_and_the_session_flu
         np.testing.assert_allclose(together[i:i + 1], alone, atol=1e-5, rtol=0)
 
 
+def test_the_conversion_without_weight_copies_gives_the_same_model_and_restores_tf2onnx():
+    """The memory fix of the conversion (no per-pass deep copies, a fresh NodeProto per update) changes no byte
+    of tf2onnx's output, and tf2onnx is as it was afterwards."""
+    import tf2onnx
+    from tf2onnx.graph import Node
+
+    from bert_tf.serving.onnx_export import _tf2onnx_without_weight_copies
+
+    weight = tf.Variable(np.random.default_rng(0).normal(size=(8, 4)).astype("float32"))
+    spec = [tf.TensorSpec([None, 8], tf.float32, name="x")]
+    function = tf.function(lambda x: {"y": tf.nn.relu(tf.matmul(x, weight) + 1.0)}, input_signature=spec)
+    plain = tf2onnx.convert.from_function(function, input_signature=spec, opset=17)[0]
+    refill = Node.update_proto
+    with _tf2onnx_without_weight_copies():
+        assert os.environ["TF2ONNX_CATCH_ERRORS"] == "FALSE" and Node.update_proto is not refill
+        fixed = tf2onnx.convert.from_function(function, input_signature=spec, opset=17)[0]
+    from onnx import numpy_helper
+
+    def content(model):  # tf2onnx numbers its generated names per conversion: compare ops, weights and outputs
+        x = np.random.default_rng(1).normal(size=(3, 8)).astype("float32")
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return ([n.op_type for n in model.graph.node],
+                sorted(numpy_helper.to_array(t).tobytes() for t in model.graph.initializer), session.run(None, {"x": x}))
+
+    (ops, weights, out), (ops_ref, weights_ref, out_ref) = content(fixed), content(plain)
+    assert ops == ops_ref and weights == weights_ref and "MatMul" in ops
+    np.testing.assert_array_equal(out[0], out_ref[0])
+    assert Node.update_proto is refill and "TF2ONNX_CATCH_ERRORS" not in os.environ
+
+
 def test_a_pretrained_checkpoint_exports_its_encoder_to_onnx(exports, tmp_path):
     model, model_dir, _ = exports["encoder"]
     export_checkpoint(str(model_dir), None, None, True, str(tmp_path / "enc"), 16, export_format="onnx")
