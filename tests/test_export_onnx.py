@@ -205,6 +205,59 @@ def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, 
     np.testing.assert_allclose(int8["probabilities"], fp32["probabilities"], atol=0.1)
 
 
+def test_a_padded_batch_runs_its_dense_layers_on_real_tokens_and_the_session_flushes_denormals(exports):
+    """Batch throughput: the export keeps the task model's skip_padding (tf.where -> NonZero picks the real
+    tokens' rows), a padded row answers as when alone, and the predictor's session sets no-spin and FTZ/DAZ."""
+    import onnx
+
+    from bert_tf.serving.onnx_predictor import SESSION_CONFIG, OnnxServe
+
+    _, _, onnx_dir = exports["classification"]
+    ops = {n.op_type for n in onnx.load(str(onnx_dir / "model.onnx")).graph.node}
+    assert "NonZero" in ops, ops
+    meta = json.loads((onnx_dir / "assets" / "bert_tf_export.json").read_text())
+    serve = OnnxServe(str(onnx_dir), meta)
+    options = serve.session.get_session_options()
+    assert {k: options.get_session_config_entry(k) for k in SESSION_CONFIG} == {
+        "session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "0"}
+    batch = _ids((4, 16), seed=4)  # rows of 3 and 12 real tokens, padded to 16
+    together = serve.run(batch)["logits"]
+    for i in range(4):
+        n = int(batch["input_mask"][i].sum())
+        alone = serve.run({k: v[i:i + 1, :n] for k, v in batch.items()})["logits"]
+        np.testing.assert_allclose(together[i:i + 1], alone, atol=1e-5, rtol=0)
+
+
+def test_the_conversion_without_weight_copies_gives_the_same_model_and_restores_tf2onnx():
+    """The memory fix of the conversion (no per-pass deep copies, a fresh NodeProto per update) changes no byte
+    of tf2onnx's output, and tf2onnx is as it was afterwards."""
+    import tf2onnx
+    from tf2onnx.graph import Node
+
+    from bert_tf.serving.onnx_export import _tf2onnx_without_weight_copies
+
+    weight = tf.Variable(np.random.default_rng(0).normal(size=(8, 4)).astype("float32"))
+    spec = [tf.TensorSpec([None, 8], tf.float32, name="x")]
+    function = tf.function(lambda x: {"y": tf.nn.relu(tf.matmul(x, weight) + 1.0)}, input_signature=spec)
+    plain = tf2onnx.convert.from_function(function, input_signature=spec, opset=17)[0]
+    refill = Node.update_proto
+    with _tf2onnx_without_weight_copies():
+        assert os.environ["TF2ONNX_CATCH_ERRORS"] == "FALSE" and Node.update_proto is not refill
+        fixed = tf2onnx.convert.from_function(function, input_signature=spec, opset=17)[0]
+    from onnx import numpy_helper
+
+    def content(model):  # tf2onnx numbers its generated names per conversion: compare ops, weights and outputs
+        x = np.random.default_rng(1).normal(size=(3, 8)).astype("float32")
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return ([n.op_type for n in model.graph.node],
+                sorted(numpy_helper.to_array(t).tobytes() for t in model.graph.initializer), session.run(None, {"x": x}))
+
+    (ops, weights, out), (ops_ref, weights_ref, out_ref) = content(fixed), content(plain)
+    assert ops == ops_ref and weights == weights_ref and "MatMul" in ops
+    np.testing.assert_array_equal(out[0], out_ref[0])
+    assert Node.update_proto is refill and "TF2ONNX_CATCH_ERRORS" not in os.environ
+
+
 def test_a_pretrained_checkpoint_exports_its_encoder_to_onnx(exports, tmp_path):
     model, model_dir, _ = exports["encoder"]
     export_checkpoint(str(model_dir), None, None, True, str(tmp_path / "enc"), 16, export_format="onnx")

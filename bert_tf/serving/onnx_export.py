@@ -7,8 +7,10 @@ into place); this module only turns the Keras model into ONNX:
 
   1. a tf.function over the served model (the task model, or its encoder) with the TF-Hub inputs
      int32 [B, S] (multiple choice [B, C, S]), both axes dynamic, returning named float32 outputs
-     (EXPORT_OUTPUTS); padding computed, not skipped, and LayerNorm traced as the plain op chain that
-     ONNX Runtime fuses into one LayerNormalization when it loads the model;
+     (EXPORT_OUTPUTS); the task model's dense layers on real tokens only, as in the SavedModel (its
+     skip_padding gathers: 1.7-1.8x batch-32 texts/s on MiniLM, batch 1 unchanged, since a batch-1 request
+     has no padding), and LayerNorm traced as the plain op chain that ONNX Runtime fuses into one
+     LayerNormalization when it loads the model;
   2. tf2onnx converts it (opset OPSET);
   3. optionally (`fusions`) ONNX Runtime's BERT graph optimizer (onnxruntime.transformers.optimizer,
      model type bert_tf); on this graph it fuses MatMul + Add into Gemm, its attention pattern does not match;
@@ -88,17 +90,10 @@ def graph_function(served, export_type: str, ids_rank: int = 2):
 
     def forward(input_word_ids, input_mask, input_type_ids):
         hub = dict(zip(HUB_INPUTS, (input_word_ids, input_mask, input_type_ids), strict=True))
-        # Padding computed, not skipped: the skip-padding gathers (bert_tf/models/encoder.py) become a dozen
-        # shape ops per call in ONNX, and the predictor pads a batch to its longest text only.
-        skip = getattr(served, "skip_padding", None)
-        if skip is not None:
-            served.skip_padding = False
-        try:
-            with plain_ops_for_export():
-                return _named_outputs(export_type, served(our_names(hub), training=False))
-        finally:
-            if skip is not None:
-                served.skip_padding = skip
+        # The served model's own skip_padding (bert_tf/models/encoder.py): a padded batch's dense layers run
+        # on its real tokens only (40% of a batch-32 MiniLM call's rows are padding on the testament dev set).
+        with plain_ops_for_export():
+            return _named_outputs(export_type, served(our_names(hub), training=False))
 
     return tf.function(forward, input_signature=specs, autograph=False), specs
 
@@ -170,6 +165,41 @@ def _quiet_tools():
             logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _tf2onnx_without_weight_copies():
+    """tf2onnx 1.17 kept about one copy of every weight per optimizer pass: BERT-base (440 MB of weights) reached
+    16 GB RSS in its ONNX optimizers alone, and 23 GB in the benchmark's process, killed. Two causes, both undone
+    for the conversion only:
+      - each pass deep-copies the whole graph to restore it if the pass raises (TF2ONNX_CATCH_ERRORS=FALSE turns
+        that off: a failing pass fails the export, with its one-line message);
+      - Node.update_proto clears and refills the node's NodeProto attributes; with protobuf's upb backend the
+        cleared ones (a Const's tensor) stay allocated in the proto's arena until it is freed. A fresh
+        NodeProto per update lets the old one go.
+    With both, converting BERT-base peaks at 10 GB (before the optimizers, in TensorFlow's freezing and grappler)."""
+    import onnx
+    from tf2onnx import constants
+    from tf2onnx.graph import Node
+
+    refill = Node.update_proto
+
+    def update_proto(node, external_tensor_storage=None):
+        old = node._op  # noqa: SLF001  (tf2onnx keeps the proto there)
+        node._op = onnx.NodeProto(name=old.name, op_type=old.op_type, domain=old.domain, doc_string=old.doc_string)
+        return refill(node, external_tensor_storage)
+
+    saved = os.environ.get(constants.ENV_TF2ONNX_CATCH_ERRORS)
+    os.environ[constants.ENV_TF2ONNX_CATCH_ERRORS] = "FALSE"
+    Node.update_proto = update_proto
+    try:
+        yield
+    finally:
+        Node.update_proto = refill
+        if saved is None:
+            os.environ.pop(constants.ENV_TF2ONNX_CATCH_ERRORS, None)
+        else:
+            os.environ[constants.ENV_TF2ONNX_CATCH_ERRORS] = saved
+
+
 def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2, quantize: Optional[str] = None,
                fusions: bool = False) -> str:
     """Converts `served` (a task model or an encoder) to folder/model.onnx; returns its path.
@@ -183,6 +213,7 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
     work = tempfile.mkdtemp(prefix=".onnx-export-")
     with contextlib.ExitStack() as stack:
         stack.enter_context(_quiet_tools())
+        stack.enter_context(_tf2onnx_without_weight_copies())
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         current = os.path.join(work, "converted.onnx")
         try:

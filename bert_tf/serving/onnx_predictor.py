@@ -27,6 +27,12 @@ from bert_tf.tasks.glue import truncate_seq_pair
 from bert_tf.tokenization.fast import FastTokenizer
 
 HUB_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")  # bert_tf.serving.module's (it imports TensorFlow)
+# ONNX Runtime session settings (measured on a shared 2-core SPR-AMX Xeon, benchmarks/RESULTS.md, 2026-11-27):
+# - denormals as zero: a padded batch's masked attention scores (-10000) make MLAS's softmax exp produce
+#   denormals, 3-8x slower without flush-to-zero (TensorFlow flushes them too);
+# - no spinning: idle intra-op threads sleep instead of spinning, which on a machine shared with other work
+#   took the cores from the thread doing the work (MiniLM int8 batch-1 p50 10.6 -> 6.2 ms, batch 32 1.5x).
+SESSION_CONFIG = {"session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "0"}
 
 
 def _read_bytes(path: str) -> bytes:
@@ -77,6 +83,8 @@ class OnnxServe:
     def __init__(self, export_dir: str, metadata: dict, intra_op_threads: int = 0):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
+        for key, value in SESSION_CONFIG.items():
+            options.add_session_config_entry(key, value)
         self.session = onnxruntime.InferenceSession(_read_bytes(os.path.join(export_dir, ONNX_FILE)), options,
                                                     providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
