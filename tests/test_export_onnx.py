@@ -207,10 +207,11 @@ def test_int8_export_quantizes_the_matmuls_and_keeps_the_answers_close(exports, 
 
 def test_a_padded_batch_runs_its_dense_layers_on_real_tokens_and_the_session_flushes_denormals(exports):
     """Batch throughput: the export keeps the task model's skip_padding (tf.where -> NonZero picks the real
-    tokens' rows), a padded row answers as when alone, and the predictor's session sets no-spin and FTZ/DAZ."""
+    tokens' rows), a padded row answers as when alone, and the predictor's session sets FTZ/DAZ and spins
+    idle threads unless BERT_TF_ORT_SPINNING=0 (a shared machine)."""
     import onnx
 
-    from bert_tf.serving.onnx_predictor import SESSION_CONFIG, OnnxServe
+    from bert_tf.serving.onnx_predictor import SESSION_CONFIG, SPINNING_ENV, OnnxServe, session_config
 
     _, _, onnx_dir = exports["classification"]
     ops = {n.op_type for n in onnx.load(str(onnx_dir / "model.onnx")).graph.node}
@@ -219,7 +220,10 @@ def test_a_padded_batch_runs_its_dense_layers_on_real_tokens_and_the_session_flu
     serve = OnnxServe(str(onnx_dir), meta)
     options = serve.session.get_session_options()
     assert {k: options.get_session_config_entry(k) for k in SESSION_CONFIG} == {
+        "session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "1"}
+    assert session_config({SPINNING_ENV: "0"}) == {
         "session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "0"}
+    assert session_config({SPINNING_ENV: "1"}) == session_config({}) == SESSION_CONFIG
     batch = _ids((4, 16), seed=4)  # rows of 3 and 12 real tokens, padded to 16
     together = serve.run(batch)["logits"]
     for i in range(4):

@@ -30,9 +30,19 @@ HUB_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")  # bert_tf.servi
 # ONNX Runtime session settings (measured on a shared 2-core SPR-AMX Xeon, benchmarks/RESULTS.md, 2026-11-27):
 # - denormals as zero: a padded batch's masked attention scores (-10000) make MLAS's softmax exp produce
 #   denormals, 3-8x slower without flush-to-zero (TensorFlow flushes them too);
-# - no spinning: idle intra-op threads sleep instead of spinning, which on a machine shared with other work
-#   took the cores from the thread doing the work (MiniLM int8 batch-1 p50 10.6 -> 6.2 ms, batch 32 1.5x).
-SESSION_CONFIG = {"session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "0"}
+# - spinning idle intra-op threads (ONNX Runtime's default) where the cores are the server's own: MiniLM int8
+#   batch-1 p50 2.8 ms with it against 4.7 without, on a quiet machine; on a machine shared with other work
+#   spinning takes the cores from the thread doing the work (10.6 ms with, 6.2 without, under load 4-9 on 2
+#   cores): BERT_TF_ORT_SPINNING=0 lets idle threads sleep.
+SESSION_CONFIG = {"session.set_denormal_as_zero": "1", "session.intra_op.allow_spinning": "1"}
+SPINNING_ENV = "BERT_TF_ORT_SPINNING"
+
+
+def session_config(environ=None) -> dict:
+    """SESSION_CONFIG with spinning as SPINNING_ENV sets it ("0": off; unset or anything else: on)."""
+    environ = os.environ if environ is None else environ
+    spinning = "0" if environ.get(SPINNING_ENV, "").strip() == "0" else "1"
+    return dict(SESSION_CONFIG, **{"session.intra_op.allow_spinning": spinning})
 
 
 def _read_bytes(path: str) -> bytes:
@@ -83,7 +93,7 @@ class OnnxServe:
     def __init__(self, export_dir: str, metadata: dict, intra_op_threads: int = 0):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
-        for key, value in SESSION_CONFIG.items():
+        for key, value in session_config().items():
             options.add_session_config_entry(key, value)
         self.session = onnxruntime.InferenceSession(_read_bytes(os.path.join(export_dir, ONNX_FILE)), options,
                                                     providers=["CPUExecutionProvider"])
