@@ -75,11 +75,11 @@ def train_settings(strategy=None):
     strategy is built) it is off."""
     from bert_tf.training.loop import TrainSettings
 
+    jit = use_jit(strategy) if strategy is not None else False
     return TrainSettings(
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
-        jit_compile=use_jit(strategy) if strategy is not None else False,
-        compile_whole_step=use_whole_step(strategy) if strategy is not None else False,
+        jit_compile=jit, compile_whole_step=use_whole_step(strategy, jit) if strategy is not None else False,
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps(),
@@ -97,10 +97,9 @@ def use_gpu_xla_flags():
     return xla_gpu.apply_gpu_defaults()
 
 
-def use_whole_step(strategy) -> bool:
-    """--compile_whole_step, or by default on where the step is XLA-compiled on one GPU (benchmarks/RESULTS.md,
-    "GPU candidates": 1.10x on an H200); a one-line exit where it cannot apply."""
-    jit = use_jit(strategy)
+def use_whole_step(strategy, jit: bool) -> bool:
+    """--compile_whole_step, or by default on where the step is XLA-compiled (`jit`: use_jit) on one GPU
+    (benchmarks/RESULTS.md, "Pretraining on a GPU": 1.10x on an H200); a one-line exit where it cannot apply."""
     replicas = strategy.num_replicas_in_sync
     chosen = FLAGS.compile_whole_step if "compile_whole_step" in FLAGS else None
     if chosen is None:

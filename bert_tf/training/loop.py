@@ -321,6 +321,7 @@ class Trainer:
                     extra: Optional[Dict] = None, unit: str = "examples") -> str:
         """Logs (and returns) what the run will do; `unit`: what a batch counts (packed "rows")."""
         c = self.settings
+        gpu_flags = xla_gpu.in_effect()
         lines = [
             f"model: {type(self.model).__name__}, {count_parameters(self.model):,} trainable parameters",
             f"strategy: {strategy_lib.describe(self.strategy)}",
@@ -334,7 +335,7 @@ class Trainer:
             f"precision: {c.mixed_precision}, XLA: "
             + ("on, the whole step as one program" if c.compile_whole_step else "on" if c.jit_compile else "off")
             + f", clip_norm {c.clip_norm}, XLA cache: {xla_cache.current() or 'none'}"
-            + (f", XLA GPU flags: {xla_gpu.in_effect()}" if xla_gpu.in_effect() else ""),
+            + (f", XLA GPU flags: {gpu_flags}" if gpu_flags else ""),
             f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
             + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")
             + f", weight decay {c.weight_decay_rate:g}",

@@ -32,6 +32,7 @@ format before the binary one).
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -63,10 +64,12 @@ def compiles_by_default(jit_compile: Optional[bool], on_tpu: bool) -> bool:
     return on_tpu or cuda_device_count() > 0
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_device_count() -> int:
     """The GPUs the CUDA driver shows this process (CUDA_VISIBLE_DEVICES applies), asked of the driver
     library itself (cuInit, cuDeviceGetCount), which TensorFlow then initialises again as it would;
-    0 without a driver, without a device, or off Linux."""
+    0 without a driver, without a device, or off Linux. Asked once per process (the scripts' start asks
+    for the XLA cache and for the GPU's XLA flags)."""
     if not sys.platform.startswith("linux"):
         return 0
     import ctypes
