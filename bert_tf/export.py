@@ -174,7 +174,7 @@ def export_serving_model(
     its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows);
     (doc_stride, None) for a tagger trained with --doc_stride: each word tagged in its max-context window.
     export_format: "savedmodel" or "onnx" (model.onnx beside the same assets; quantize "int8" is ONNX Runtime's
-    dynamic int8, int8_weight_scale does not apply; onnx_fusions: ONNX Runtime's BERT graph fusions).
+    dynamic int8, int8_weight_scale does not apply; onnx_fusions: ONNX Runtime's fused LayerNorm and GELU ops).
     """
     serving_module = SERVING_MODULES.get(export_type)
     if serving_module is None:

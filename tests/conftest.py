@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import sys
+from typing import Optional
 
 import pytest
 
@@ -227,12 +228,12 @@ def tiny_pretraining_folder(folder: pathlib.Path, **config) -> pathlib.Path:
     return folder
 
 
-def tiny_task_model_dir(folder: pathlib.Path, info: dict, *, seq: int, hidden: int, layers: int, weight_sd: float,
-                        seed: int):
+def tiny_task_model_dir(folder: pathlib.Path, info: dict, *, seq: int, hidden: int, layers: int,
+                        weight_sd: Optional[float], seed: int, hidden_act: str = "gelu"):
     """A model_dir of a task model on TINY_VOCAB: vocab.txt, bert_config.json (`hidden` wide, `layers` deep),
     bert_tf_info.json (`info`, lower-cased, max_seq_length `seq`) and ckpt-1 with weights drawn from
-    N(0, weight_sd) (a freshly initialised model's outputs are too alike to tell formats apart). Returns the
-    Keras model."""
+    N(0, weight_sd) (a freshly initialised model's outputs are too alike to tell formats apart; weight_sd None:
+    the fresh initialisation, LayerNorm scales 1 and shifts 0, biases 0). Returns the Keras model."""
     import numpy as np
     import tensorflow as tf
 
@@ -242,12 +243,13 @@ def tiny_task_model_dir(folder: pathlib.Path, info: dict, *, seq: int, hidden: i
     folder.mkdir()
     (folder / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
     config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64)
+                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64,
+                        hidden_act=hidden_act)
     config.to_json_file(str(folder / "bert_config.json"))
     write_run_info(str(folder), do_lower_case=True, max_seq_length=seq, **info)
     model = build_task_model(config, info)
     rng = np.random.default_rng(seed)
-    for v in model.trainable_variables:
+    for v in model.trainable_variables if weight_sd is not None else ():
         v.assign(rng.normal(0.0, weight_sd, v.shape).astype("float32"))
     tf.train.Checkpoint(model=model).write(str(folder / "ckpt-1"))
     return model

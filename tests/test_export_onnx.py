@@ -313,3 +313,53 @@ def test_missing_extra_is_one_line_naming_the_install_and_writes_nothing(exports
     assert not (tmp_path / "out").exists()
     code, stdout, errors = _script("predict.py", f"--export_dir={onnx_dir}", "--text=hello", env=env)
     assert code == 1 and len(errors) == 1 and 'pip install -e ".[onnx]"' in errors[0] and not stdout, errors
+
+
+def _op_counts(onnx_dir):
+    import collections
+
+    import onnx
+
+    model = onnx.load(str(onnx_dir / "model.onnx"))
+    return collections.Counter(n.op_type for n in model.graph.node), {o.domain for o in model.opset_import}
+
+
+@pytest.mark.parametrize("kind", list(INFOS))
+def test_onnx_runtimes_fused_ops_replace_layer_norm_and_gelu_chains(exports, kind):
+    """Every export type (2 layers): the embeddings' LayerNorm one LayerNormalization, each layer's two
+    residual + LayerNorm one SkipLayerNormalization each, its GELU one FastGelu; nothing of the chains is left
+    (the one Tanh is the pooler's). Their outputs are test_float32_onnx_equals_the_keras_model's."""
+    counts, domains = _op_counts(exports[kind][2])
+    assert (counts["LayerNormalization"], counts["SkipLayerNormalization"], counts["FastGelu"]) == (1, 4, 2), counts
+    assert counts["Pow"] == counts["Sqrt"] == counts["Erf"] == 0 and counts["Tanh"] <= 1, counts
+    assert "com.microsoft" in domains
+
+
+def test_a_fresh_model_with_exact_gelu_fuses_too_and_fusions_off_keeps_the_chains(tmp_path):
+    """A freshly initialised model (LayerNorm scale 1 and shift 0, which tf2onnx folds away; zero biases) with
+    the erf GELU (hidden_act gelu_exact): Gelu and LayerNorm ops, float32 and int8, both = the Keras model
+    (float32 1e-5); --onnx_fusions=False keeps the op chains and ONNX's own ops only."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = tiny_task_model_dir(tmp_path / "dir", INFOS["classification"], seq=SEQ, hidden=16, layers=2,
+                                weight_sd=None, seed=0, hidden_act="gelu_exact")
+    hub = _ids((3, 11), seed=1)
+    ref = model({"input_ids": hub["input_word_ids"], "input_mask": hub["input_mask"],
+                 "segment_ids": hub["input_type_ids"]}, training=False)
+    outputs = {}
+    for name, kwargs in (("fused", {}), ("int8", {"quantize": "int8"}), ("plain", {"onnx_fusions": False})):
+        export_dir = tmp_path / name
+        export_model_dir(str(tmp_path / "dir"), str(export_dir), export_format="onnx", **kwargs)
+        counts, domains = _op_counts(export_dir)
+        if name == "plain":
+            assert counts["Erf"] == 2 and counts["Gelu"] == counts["SkipLayerNormalization"] == 0, counts
+            assert "com.microsoft" not in domains, domains
+        else:
+            assert counts["Gelu"] == 2 and counts["Erf"] == counts["Sqrt"] == 0, counts
+            assert counts["LayerNormalization"] + counts["SkipLayerNormalization"] == 5, counts
+        session = onnxruntime.InferenceSession(str(export_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+        outputs[name] = session.run(["logits"], hub)[0]
+    np.testing.assert_allclose(outputs["fused"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(outputs["plain"], ref, atol=1e-5, rtol=0)
+    assert np.array_equal(outputs["int8"].argmax(-1), np.asarray(ref).argmax(-1))

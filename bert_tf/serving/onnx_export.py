@@ -12,10 +12,11 @@ into place); this module only turns the Keras model into ONNX:
      has no padding), and LayerNorm traced as the plain op chain that ONNX Runtime fuses into one
      LayerNormalization when it loads the model;
   2. tf2onnx converts it (opset OPSET);
-  3. optionally (`fusions`) ONNX Runtime's BERT graph optimizer (onnxruntime.transformers.optimizer,
-     model type bert_tf); on this graph it fuses MatMul + Add into Gemm, its attention pattern does not match;
-  4. `quantize="int8"`: onnxruntime.quantization.quantize_dynamic, int8 weights per output channel,
-     uint8 activations per call (the MatMuls; embeddings, LayerNorm, softmax stay float32).
+  3. `quantize="int8"`: onnxruntime.quantization.quantize_dynamic, int8 weights per output channel,
+     uint8 activations per call (the MatMuls; embeddings, LayerNorm, softmax stay float32);
+  4. `fusions` (the default): ONNX Runtime's own LayerNormalization, SkipLayerNormalization and FastGelu /
+     Gelu ops in place of the op chains tf2onnx writes (bert_tf.serving.onnx_fusions), which ONNX Runtime's
+     fusers do not recognise; attention stays as tf2onnx writes it.
 
 Tokenizing and the task's post-processing (answer spans, one tag per word) run in Python beside the
 session (bert_tf.serving.onnx_predictor), with FullTokenizer's rules.
@@ -38,6 +39,8 @@ import tensorflow as tf
 from bert_tf.layers.normalization import plain_ops_for_export
 from bert_tf.serving.formats import ONNX_FILE, ONNX_FORMAT
 from bert_tf.serving.module import HUB_INPUTS, our_names
+
+logger = logging.getLogger(__name__)
 
 OPSET = 17
 INSTALL = 'pip install -e ".[onnx]"'
@@ -98,13 +101,17 @@ def graph_function(served, export_type: str, ids_rank: int = 2):
     return tf.function(forward, input_signature=specs, autograph=False), specs
 
 
-def _fuse(path: str, config, out_path: str) -> None:
-    """ONNX Runtime's BERT graph optimizer for tf2onnx graphs (model type bert_tf): the fusions whose patterns match."""
-    from onnxruntime.transformers.optimizer import optimize_model
+def _fuse(path: str, config) -> Dict[str, int]:
+    """ONNX Runtime's fused LayerNorm, residual + LayerNorm and GELU ops in place of their chains
+    (bert_tf.serving.onnx_fusions), in the file at `path`; returns {op: count}."""
+    import onnx
 
-    optimized = optimize_model(path, model_type="bert_tf", num_heads=config.num_attention_heads,
-                               hidden_size=config.hidden_size, opt_level=1)
-    optimized.save_model_to_file(out_path)
+    from bert_tf.serving.onnx_fusions import fuse
+
+    model = onnx.load(path)
+    counts = fuse(model, config.hidden_size)
+    onnx.save(model, path)
+    return counts
 
 
 def quantization_method() -> dict:
@@ -155,14 +162,14 @@ def write_export(served, export_type: str, export_dir: str, assets, config, ids_
 def _quiet_tools():
     """tf2onnx and ONNX Runtime's optimizer and quantizer log every node at INFO (dozens of lines per export)."""
     loggers = [logging.getLogger(), logging.getLogger("tf2onnx")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -204,7 +211,7 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
                fusions: bool = False) -> str:
     """Converts `served` (a task model or an encoder) to folder/model.onnx; returns its path.
 
-    fusions: ONNX Runtime's BERT graph fusions before quantizing; quantize: None or "int8".
+    quantize: None or "int8"; fusions: ONNX Runtime's fused LayerNorm and GELU ops, after quantizing.
     """
     import tf2onnx
 
@@ -221,13 +228,13 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
         except Exception as e:  # tf2onnx raises many types; the first line says which op
             raise OnnxExportError(f"tf2onnx could not convert the {export_type} model: "
                                   f"{str(e).splitlines()[0][:300]}") from None
-        if fusions:
-            _fuse(current, config, os.path.join(work, "fused.onnx"))
-            current = os.path.join(work, "fused.onnx")
         if quantize == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             quantize_dynamic(current, os.path.join(work, "int8.onnx"), per_channel=True, weight_type=QuantType.QInt8)
             current = os.path.join(work, "int8.onnx")
-        shutil.move(current, path)
+        fused = _fuse(current, config) if fusions else {}  # after quantizing: its shape inference does not
+        shutil.move(current, path)                           # know ONNX Runtime's own ops
+    if fusions:
+        logger.info("ONNX Runtime's fused ops: %s", ", ".join(f"{n} {op}" for op, n in sorted(fused.items())) or "none")
     return path
