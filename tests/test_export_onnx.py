@@ -358,8 +358,26 @@ def test_a_fresh_model_with_exact_gelu_fuses_too_and_fusions_off_keeps_the_chain
         else:
             assert counts["Gelu"] == 2 and counts["Erf"] == counts["Sqrt"] == 0, counts
             assert counts["LayerNormalization"] + counts["SkipLayerNormalization"] == 5, counts
+        if name == "int8":  # 13 weighted MatMuls (6 a layer and the classifier; mean pooling has no pooler), but
+            assert counts["MatMulInteger"] == 9, counts  # layer 0's 4 attention projections are int8
         session = onnxruntime.InferenceSession(str(export_dir / "model.onnx"), providers=["CPUExecutionProvider"])
         outputs[name] = session.run(["logits"], hub)[0]
     np.testing.assert_allclose(outputs["fused"], ref, atol=1e-5, rtol=0)
     np.testing.assert_allclose(outputs["plain"], ref, atol=1e-5, rtol=0)
     assert np.array_equal(outputs["int8"].argmax(-1), np.asarray(ref).argmax(-1))
+
+
+def test_int8_keeps_the_first_layers_attention_projections_float32(exports, tmp_path):
+    """The first layer's query, key, value and attention output stay float32 (ONNX MatMuls with float32
+    weights), the other 9 MatMuls (6 a layer, the classifier) are int8."""
+    import onnx
+
+    export_dir = tmp_path / "int8"
+    export_model_dir(str(exports["classification"][1]), str(export_dir), export_format="onnx", quantize="int8")
+    graph = onnx.load(str(export_dir / "model.onnx")).graph
+    integer = [n.name for n in graph.node if n.op_type == "MatMulInteger"]
+    float_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    kept = sorted(n.name.split("/attention_1/")[1].split("/")[0] for n in graph.node
+                  if n.op_type in ("MatMul", "Gemm") and float_weights & set(n.input))
+    assert len(integer) == 9 and not any("/layer_0_1/attention" in name for name in integer), integer
+    assert kept == ["key_1", "output_dense_1", "query_1", "value_1"], kept
