@@ -799,7 +799,7 @@ def ort_main(args, env):
             s["accuracy"] = float(np.mean([a == b for a, b in zip(labels, gold[:len(labels)], strict=True)]))
             agree, dp = "-", "-"
             if name.split("-")[-1].startswith("int8"):
-                ref = check[name.replace("int8", "fp32")]
+                ref = check[name.rsplit("-", 1)[0] + "-fp32"]  # every int8 variant against its stack's float32
                 s["agree"] = float(np.mean([a == b for a, b in zip(labels, ref["labels"], strict=True)]))
                 agree = f"{100 * s['agree']:.1f}%"
                 dp = f"{np.abs(np.asarray(check[name]['probabilities']) - np.asarray(ref['probabilities'])).max():.4f}"
