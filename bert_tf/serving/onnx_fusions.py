@@ -1,16 +1,19 @@
 """ONNX Runtime's fused CPU ops in place of the op chains tf2onnx writes for our encoder (the ONNX export's
 `fusions`).
 
-When it loads a model, ONNX Runtime fuses LayerNorm, residual + LayerNorm and GELU only where the graph has
-the exact op patterns its fusers know (those of PyTorch's exporter); tf2onnx's graph of our model has other
-ones, so ONNX Runtime ran ours op by op: GELU as 8 elementwise ops, a LayerNorm whose scale and shift tf2onnx
-had folded away (a freshly initialised model: 1 and 0) as 7. This pass finds the chains by their structure
-and writes one op each:
+When it loads a model, ONNX Runtime fuses LayerNorm and GELU only where the graph has the exact op patterns
+its fusers know (those of PyTorch's exporter); tf2onnx's graph of our model has other ones, so ONNX Runtime
+ran ours op by op: GELU as 5-8 elementwise ops, a LayerNorm whose scale and shift tf2onnx had folded away (a
+freshly initialised model: 1 and 0) or that it did not fuse itself as 7. This pass finds the chains by their
+structure and writes one op each:
 
-  LayerNormalization (ONNX opset 17)       mean, centre, square, mean, + epsilon, sqrt, divide [, * gamma][, + beta]
-  SkipLayerNormalization (com.microsoft)   the same over the sum of two tensors of one shape (a residual)
-  FastGelu / Gelu (com.microsoft)          a subgraph of one input that computes the tanh (FastGelu) or the erf
-                                           (Gelu) form of GELU, checked by evaluating it on [-8, 8]
+  LayerNormalization (ONNX opset 17)   mean, centre, square, mean, + epsilon, sqrt, divide [, * gamma][, + beta]
+  FastGelu / Gelu (com.microsoft)      a subgraph of one input that computes the tanh (FastGelu) or the erf
+                                       (Gelu) form of GELU, checked by evaluating it on [-8, 8]
+
+Not fused: a residual sum into its LayerNorm (com.microsoft SkipLayerNormalization). Tried, it was slower on
+the packed [tokens, hidden] rows of our export than the Add and LayerNormalization it replaced (MiniLM int8,
+2-core Xeon: batch 32 ~15% fewer texts/s, 2026-11-27).
 
 Every replacement is checked before it is made: each removed tensor is used only inside its chain, and the
 GELU candidates are evaluated numerically, so a chain of another shape is left as it is. The ops are in
@@ -226,17 +229,6 @@ def _match_gelu(g: _Graph, core, order):
     return None
 
 
-def _is_residual(g: _Graph, add, layer_norm_nodes) -> bool:
-    """add = a + b of two computed [N, H] tensors (the packed tokens: N unknown; H known for one at least, the
-    same where both say), used only by the LayerNorm: SkipLayerNormalization's inputs."""
-    shapes = [g.shapes.get(i) for i in add.input]
-    if add.op_type != "Add" or any(i in g.const for i in add.input) or \
-            not all(s is not None and len(s) == 2 and s[0] != 1 for s in shapes):
-        return False
-    widths = {s[1] for s in shapes} - {None}
-    return len(widths) == 1 and g.used_only_by(add.output[0], layer_norm_nodes)
-
-
 def fuse(model, hidden_size: int) -> Dict[str, int]:
     """Rewrites `model` (an onnx ModelProto) in place; returns {fused op: count}. hidden_size: the width of a
     LayerNorm whose scale and shift were folded away, where shape inference does not say it."""
@@ -264,22 +256,8 @@ def fuse(model, hidden_size: int) -> Dict[str, int]:
             replacements.append((nodes, helper.make_node("LayerNormalization", [x, gamma, beta], [out],
                                                          name=f"{name}/LayerNorm", axis=-1, epsilon=eps)))
     g.rewrite(replacements)
-    ours = {id(node) for _, node in replacements}
-    # 2. A residual sum into a LayerNormalization (ours, or one tf2onnx fused) -> SkipLayerNormalization.
-    replacements = []
-    for node in g.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        add = g.producer.get(node.input[0]) if node.op_type == "LayerNormalization" else None
-        if add is not None and attrs.get("axis", -1) == -1 and len(node.input) == 3 and len(node.output) == 1 \
-                and _is_residual(g, add, [node]):
-            replacements.append(([add, node], helper.make_node(
-                "SkipLayerNormalization", [*add.input, *node.input[1:]], list(node.output),
-                name=f"{node.name}/Skip", domain=MICROSOFT, epsilon=attrs.get("epsilon", 1e-5))))
-    skipped = {id(nodes[1]) for nodes, _ in replacements}
-    counts["LayerNormalization"] = len(ours - skipped)
-    counts["SkipLayerNormalization"] = len(replacements)
-    g.rewrite(replacements)
-    # 3. GELU -> FastGelu (tanh form) or Gelu (erf form).
+    counts["LayerNormalization"] = len(replacements)
+    # 2. GELU -> FastGelu (tanh form) or Gelu (erf form).
     replacements, taken = [], set()
     for node in g.graph.node:
         if node.op_type in ("Tanh", "Erf") and id(node) not in taken:
