@@ -17,7 +17,7 @@ Variants, `{impl}-{precision}-{mode}`:
            fp32 or bf16 (torch.autocast)
   ours-*-xla+OPTION[+OPTION...]   a GPU candidate (MODEL_OPTIONS, XLA_PRESETS): +cudnn (cuDNN fused
            attention), +whole (the whole step as one XLA program), +adrop0 (attention dropout 0),
-           +cb_off / +cb_fusion (XLA command buffers off / fusions only), +triton_off (no Triton GEMMs),
+           +noclock (the host enqueues the next step without waiting for this one's outputs), +cb_off / +cb_fusion (XLA command buffers off / fusions only), +triton_off (no Triton GEMMs),
            +cublaslt, +cudnn_ln (XLA flags of the variant's own process); benchmarks/gpu_matrix.py runs them
 
   pip install torch==2.13.0 transformers                      # for the hf-* variants (CPU build)
@@ -100,6 +100,9 @@ MODEL_OPTIONS = {
     "cudnn": "cuDNN fused attention (BertEncoder attention_implementation='cudnn')",
     "whole": "the whole step, optimizer update included, as one XLA program (TrainSettings.compile_whole_step)",
     "adrop0": "attention dropout 0 instead of 0.1 (what attention dropout costs; measured only: another recipe)",
+    "noclock": "the inner loop without its input-wait clock, which holds the host until each step's outputs "
+               "exist: the host enqueues the next step while the device runs this one "
+               "(TrainSettings.input_wait_clock=False)",
 }
 # ...and XLA flag presets, set in the variant's process environment (XLA_FLAGS, read once when TensorFlow
 # starts; appended to flags already there). Defaults in TensorFlow 2.20: command buffers (CUDA graphs) for
@@ -391,6 +394,7 @@ def run_ours(args, precision, xla, options=()):
         settings = loop.TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
                                       mixed_precision=precision, jit_compile=xla,
                                       compile_whole_step="whole" in options,
+                                      input_wait_clock="noclock" not in options,
                                       profile_steps=(timed_end + 1, timed_end + extra) if extra else None)
         trainer = loop.Trainer(
             get_strategy("one_device"), settings, model_fn, pretraining_loss_fn,

@@ -210,3 +210,22 @@ def test_bad_profile_steps_are_one_line(steps, message):
 
     with pytest.raises(ValueError, match=message):
         TrainSettings(profile_steps=steps).validate(1, train_steps=4, global_batch_size=4)
+
+
+def test_without_the_input_wait_clock_the_steps_are_the_same_and_the_wait_is_not_reported(tmp_path):
+    """TrainSettings.input_wait_clock=False (the GPU candidate +noclock): the same losses step for step as
+    with the clock, TensorBoard has the speed but no input-wait scalars (not measured, not a 0)."""
+    import numpy as np
+
+    trained = []
+    for name, settings in (("clocked", {}), ("free", {"input_wait_clock": False})):
+        trainer, dataset_fn = _masked_trainer(tmp_path / name, delay=0, **settings)
+        trainer.model.set_weights([np.full(w.shape, 0.1, w.dtype) for w in trainer.model.get_weights()])
+        trainer.train(dataset_fn)
+        trained.append(trainer)
+    clocked, free = trained
+    np.testing.assert_array_equal(free.step_losses, clocked.step_losses)
+    assert len(free.step_losses) == 4
+    events = _events(str(tmp_path / "free" / "train"))
+    assert set(events["speed/seconds_per_step"]) == {2, 4} and events["input/real_tokens_per_position"][4] == 3 / 8
+    assert not any(tag.startswith("speed/input_wait") or tag == "speed/compute_seconds_per_step" for tag in events)

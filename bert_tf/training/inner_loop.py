@@ -30,7 +30,7 @@ def mask_feature(element_spec) -> Optional[str]:
     return None
 
 
-def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Optional[str]):
+def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Optional[str], clock_input: bool = True):
     """The host call of `num_steps` steps: (losses, metric sums, mean gradient norm, health), where
     health = {input_wait_seconds: time the loop was blocked in the input iterator's get_next,
     summed over the steps; real_tokens, positions: nonzero entries of the batches' `mask_key`
@@ -41,7 +41,11 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
     The wait is measured in the graph with tf.timestamp: each step's clock starts once the
     previous step's outputs exist, and stops when the next batch is there. It is host time: on a
     GPU/TPU, whose kernels run asynchronously, a step's device work may still run while the next
-    get_next waits, so there the wait is that of the host (as in tf.data's own accounting)."""
+    get_next waits, so there the wait is that of the host (as in tf.data's own accounting).
+
+    clock_input False: no clock, input_wait_seconds NaN (not measured). The clock makes the host wait for
+    each step's outputs before it asks for the next batch and enqueues the next step, so an accelerator
+    idles between steps for the host's share of a step (TrainSettings.input_wait_clock)."""
     names = list(metric_names)
 
     def count_tokens(batch):
@@ -56,12 +60,15 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
         wait, real, positions = tf.constant(0.0, tf.float64), tf.constant(0.0), tf.constant(0.0)
         done = tf.constant(0.0)  # a value of the previous step: the next step's clock starts after it
         for i in tf.range(num_steps):
-            with tf.control_dependencies([done]):
-                asked = tf.timestamp()
-            with tf.control_dependencies([asked]):
+            if clock_input:
+                with tf.control_dependencies([done]):
+                    asked = tf.timestamp()
+                with tf.control_dependencies([asked]):
+                    batch = next(iterator)
+                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                    wait += tf.timestamp() - asked
+            else:
                 batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                wait += tf.timestamp() - asked
             loss, terms, norm = strategy.run(replica_step, args=(batch,))
             loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
             # One reduce per tensor: MultiWorkerMirroredStrategy's reduce rejects a nested structure.
@@ -76,6 +83,8 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
                 real += strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None)
                 positions += strategy.reduce(tf.distribute.ReduceOp.SUM, p, axis=None)
             done = loss + norm
+        if not clock_input:
+            wait = tf.constant(float("nan"), tf.float64)
         health = dict(input_wait_seconds=wait, real_tokens=real, positions=positions)
         return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32), health
 

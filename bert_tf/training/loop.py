@@ -112,6 +112,10 @@ class TrainSettings:
     # than the gradient step and the update apart (step.py TrainStep whole_step): one device, with
     # jit_compile; the scripts' default on one GPU (bert_flags.use_whole_step; 1.10x on an H200).
     compile_whole_step: bool = False
+    # Clock each step's wait for its batch (speed/input_wait_* in TensorBoard). The clock orders the host
+    # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
+    # the next step; off, the host runs ahead (a GPU candidate, benchmarks/bench_pretraining.py +noclock).
+    input_wait_clock: bool = True
     iterations_per_loop: int = 1000
     save_checkpoints_steps: int = 1000
     keep_checkpoint_max: int = 5
@@ -373,7 +377,7 @@ class Trainer:
         mask_key = mask_feature(spec)
         if mask_key not in self._train_loops:
             self._train_loops[mask_key] = make_train_loop(self.strategy, self.step.replica_step, self._metric_names,
-                                                          mask_key)
+                                                          mask_key, clock_input=c.input_wait_clock)
         train_loop = self._train_loops[mask_key]
 
         last_saved = step

@@ -111,14 +111,13 @@ def loop_report(result: Dict[str, float], *, lr: float, grad_norm: float, health
 def health_scalars(health, steps: int, seconds: float, examples_per_second_per_replica: float) -> Dict[str, float]:
     """The speed and input scalars of one host loop (TensorBoard: speed/..., input/...), see
     inner_loop.make_train_loop for what the input wait measures."""
-    wait = float(health["input_wait_seconds"])
-    out = {
-        "speed/seconds_per_step": seconds / steps,
-        "speed/input_wait_seconds_per_step": wait / steps,
-        "speed/compute_seconds_per_step": max(seconds - wait, 0.0) / steps,
-        "speed/input_wait_fraction": min(wait / max(seconds, 1e-9), 1.0),
-        "speed/examples_per_second_per_replica": examples_per_second_per_replica,
-    }
+    wait = float(health["input_wait_seconds"])  # NaN: not measured (TrainSettings.input_wait_clock off)
+    out = {"speed/seconds_per_step": seconds / steps,
+           "speed/examples_per_second_per_replica": examples_per_second_per_replica}
+    if not math.isnan(wait):
+        out.update({"speed/input_wait_seconds_per_step": wait / steps,
+                    "speed/compute_seconds_per_step": max(seconds - wait, 0.0) / steps,
+                    "speed/input_wait_fraction": min(wait / max(seconds, 1e-9), 1.0)})
     positions = float(health["positions"])
     if positions:
         out["input/real_tokens_per_position"] = float(health["real_tokens"]) / positions
