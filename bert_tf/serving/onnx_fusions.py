@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
