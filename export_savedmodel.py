@@ -57,7 +57,7 @@ flags.DEFINE_enum("export_format", "savedmodel", ["savedmodel", "onnx"],
                   "savedmodel: TF Serving, TF-Hub, Vertex, batch jobs (raw text in). onnx: model.onnx for ONNX Runtime "
                   "(CPU latency; token ids in, tokenized in Python by predict.py), with vocab and metadata beside "
                   "it; --quantize=int8 is then ONNX Runtime's dynamic int8. Needs pip install -e \".[onnx]\".")
-flags.DEFINE_bool("onnx_fusions", True, "onnx: ONNX Runtime's fused LayerNorm, residual + LayerNorm and GELU ops in place of their op chains.")
+flags.DEFINE_bool("onnx_fusions", True, "onnx: ONNX Runtime's fused LayerNorm and GELU ops in place of their op chains (off: ONNX's standard ops only).")
 flags.mark_flag_as_required("export_dir")
 
 DEFAULT_ENCODER_SEQ_LENGTH = 128
