@@ -104,7 +104,7 @@ def graph_function(served, export_type: str, ids_rank: int = 2):
 
 
 def _fuse(path: str, config) -> Dict[str, int]:
-    """ONNX Runtime's fused LayerNorm, residual + LayerNorm and GELU ops in place of their chains
+    """ONNX Runtime's fused LayerNorm and GELU ops in place of their chains
     (bert_tf.serving.onnx_fusions), in the file at `path`; returns {op: count}."""
     import onnx
 
