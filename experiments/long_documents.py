@@ -107,7 +107,8 @@ def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, m
     place of a sentence that starts in its second half, a "no" one there a background sentence as long as a
     random evidence sentence (the nearest length there is): the evidence is shorter than the average verse, so
     without that control "yes" documents would be shorter (7.6 windows against 7.9 on average), a signal no
-    model should be able to use."""
+    model should be able to use. Returns (text, label, evidence) triples: evidence is the word-piece span
+    [start, end) of a "yes" document's evidence sentence (what the oracle labels windows by), None for "no"."""
     pieces = {v: count_pieces(v) for v in background + candidates}
     evidence = [v for v in candidates if pieces[v] <= max_evidence]
     by_length = {}
@@ -122,13 +123,16 @@ def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, m
         verses = fill(rng, background, pieces, doc_pieces)
         starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
         second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
+        span = None
         if label:
-            verses[rng.choice(second_half)] = evidence.pop()
+            at = rng.choice(second_half)
+            verses[at] = evidence.pop()
+            span = (starts[at], starts[at] + pieces[verses[at]])  # the text's pieces are its verses' in order
         else:
             target = pieces[rng.choice(evidence)]
             length = min(by_length, key=lambda k: (abs(k - target), k))
             verses[rng.choice(second_half)] = rng.choice(by_length[length])
-        docs.append((" ".join(verses), "yes" if label else "no"))
+        docs.append((" ".join(verses), "yes" if label else "no", span))
     return docs
 
 
@@ -152,7 +156,7 @@ def spread_documents(rng, old, new, count_pieces, n, doc_pieces, share):
 def write_split(path, docs, with_label=True):
     with open(path, "w", encoding="utf-8") as f:
         f.write("id\ttext\tlabel\n" if with_label else "id\ttext\n")
-        for i, (text, label) in enumerate(docs):
+        for i, (text, label) in enumerate(doc[:2] for doc in docs):
             f.write(f"{i}\t{text}\t{label}\n" if with_label else f"{i}\t{text}\n")
 
 
@@ -183,6 +187,9 @@ def make_task(task, folder, count_pieces, sizes):
             docs = spread_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
                                     FLAGS.spread_share)
         write_split(os.path.join(folder, f"{split}.tsv"), docs)
+        if task in ("needle", "needle_nt"):  # where each evidence sentence is, for the oracle
+            with open(os.path.join(folder, f"{split}_evidence.json"), "w") as f:
+                json.dump([doc[2] for doc in docs], f)
         if split == "dev":  # the dev documents again, unlabelled: their probabilities give the ranking (AUC)
             write_split(os.path.join(folder, "test.tsv"), docs, with_label=False)
 
