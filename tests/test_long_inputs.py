@@ -129,7 +129,7 @@ def test_aggregations_and_weights():
     assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each_then_calibrate", "logmeanexp": "each",
                                        "any": "each_then_calibrate", "first": "each"}
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, got 'all'$"):
+                                         r"each_then_calibrate, each_then_select, got 'all'$"):
         check_window_settings("windows", 8, "max", "all")
 
 
@@ -217,7 +217,7 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, got 'both'$"):
+                                         r"each_then_calibrate, each_then_select, got 'both'$"):
         task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
@@ -225,6 +225,8 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     with pytest.raises(FinetuneError, match=r"^--window_training=each_then_calibrate shifts the first label's bias; "
                                             r"this task is a regression$"):
         task("max", "each_then_calibrate", regression=True)
+    with pytest.raises(FinetuneError, match=r"^--window_training=each_then_select shifts the first label's bias; "):
+        task("max", "each_then_select", regression=True)
 
 
 @pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])
@@ -826,33 +828,55 @@ def test_select_windows_takes_the_top_k_by_margin_and_the_hardest_of_the_first_l
 
 def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(tiny_model, tmp_path, caplog):
     """--window_training=each_then_select: out/each_window trains 2 epochs of each window alone (12 steps), then
-    each round r of 2 into out/select_<r> scores the 96 training windows with the previous model and trains one
-    epoch (2 steps of 16) on one window per document, a "yes" one's most "yes" window labelled yes, a "no" one's
-    most "yes" labelled no; out gets the last round's model calibrated, and a rerun trains nothing."""
+    each of SELECT_ROUNDS rounds into out/select_<r> scores the 96 training windows with the previous model and
+    trains one epoch (2 steps of 16) on one window per document, a "yes" one's most "yes" window labelled yes, a
+    "no" one's most "yes" window labelled no; out gets the last round's model calibrated; a rerun trains nothing.
+    Measured: every round picks the marker's window in each of the 15 "yes" documents that hold it whole in one."""
     import logging
 
     import tensorflow as tf
 
-    from bert_tf.runners.classifier import ClassifierRunConfig, run_select_stages
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+    from bert_tf.tasks.windows import SELECT_ROUNDS, SELECT_TOP
 
+    assert (SELECT_ROUNDS, SELECT_TOP) == (3, 1)
     rng = np.random.default_rng(5)
     train = _long_task_split(rng, 32)
     _write_split(tmp_path / "train.tsv", train)
     _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
     out = tmp_path / "out"
-    cfg = ClassifierRunConfig(task=glue.user_task("text", "label", labels=["no", "yes"], index="id"),
-                              data_dir=str(tmp_path), output_dir=str(out), run=_settings(tiny_model),
-                              max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, do_train=True, do_eval=True,
-                              num_train_epochs=2, long_inputs="windows", doc_stride=ROOM, window_aggregation="max",
-                              window_training="each")
+    kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
+              window_aggregation="max", window_training="each_then_select")
     with caplog.at_level(logging.INFO, logger="bert_tf"):
-        results = run_select_stages(cfg, rounds=2)
+        results = _run(tiny_model, tmp_path, out, **kw)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_select, stage")]
-    print("\n".join(lines), results)
-    for r in (1, 2):
-        chosen = np.array(json.loads((out / f"select_{r}" / "selected_windows.json").read_text()))
-        print(r, chosen.tolist())
+    assert lines[0] == f"each_then_select, stage 1 of 5: each window alone for 2 epoch(s) -> {out / EACH_WINDOW_DIR}"
+    previous = out / EACH_WINDOW_DIR
+    for r in (1, 2, 3):
+        assert lines[r] == (f"each_then_select, stage {r + 1} of 5: one epoch on 32 windows (the top 1 of each input "
+                            f"by the model of {previous}, 16 of them labelled 'no') -> {out / f'select_{r}'}")
+        previous = out / f"select_{r}"
+    assert lines[4].startswith("each_then_select, stage 5 of 5: the 'no' logit of every window shifted by ")
+    assert lines[4].endswith(f"fitted on the max of the windows of 32 training inputs -> {out} (step 2)")
+    words = [text.split() for text, _ in train]
+    at = [next((i for i in range(len(w)) if w[i:i + len(MARKER)] == MARKER), None) for w in words]
+    # the window (3 per document, ROOM pieces each, one piece a word) that holds the marker whole, if one does
+    whole = [None if a is None or a // ROOM != (a + len(MARKER) - 1) // ROOM else a // ROOM for a in at]
+    found = [i for i, w in enumerate(whole) if w is not None]
+    assert len(found) == 15
+    for r in (1, 2, 3):
+        rows, labels = np.array(json.loads((out / f"select_{r}" / "selected_windows.json").read_text())).T
+        assert rows.tolist() == [3 * i + w for i, w in enumerate(rows % 3)]  # one window of each document
+        assert labels.tolist() == [int(label == "yes") for _, label in train]
+        assert [rows[i] % 3 for i in found] == [whole[i] for i in found]
         assert tf.train.latest_checkpoint(str(out / f"select_{r}")).endswith("ckpt-2")
+        assert json.loads((out / f"select_{r}" / "bert_tf_info.json").read_text())["window_training"] == \
+            "each_then_select"
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
-    again = run_select_stages(cfg, rounds=2)
+    assert json.loads((out / "bert_tf_info.json").read_text())["window_training"] == "each_then_select"
+    assert results["dev"]["global_step"] == 2 and (out / "eval_results.txt").is_file()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        again = _run(tiny_model, tmp_path, out, **kw)
+    assert f"each_then_select, stage 5 of 5: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
     assert again["dev"] == results["dev"]

@@ -33,8 +33,9 @@ ANY_FLOOR = 1e-30
 # aggregated output, so the gradient reaches the windows that decide it), or in two stages (one run;
 # bert_tf.runners.classifier.run_in_two_stages): each window for --num_train_epochs, then from that model
 # "each_then_aggregate" the aggregate for EACH_THEN_AGGREGATE_SHARE of that, or "each_then_calibrate" the first
-# label's bias shifted to fit the training inputs' aggregate (first_label_shift).
-WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate")
+# label's bias shifted to fit the training inputs' aggregate (first_label_shift); or "each_then_select": each
+# window, then rounds of training on the windows the current model picks (select_windows), then that calibration.
+WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate", "each_then_select")
 # each_then_aggregate: the aggregate stage's epochs as a share of the each-window stage's. On the needle task
 # (docs/finetuning.md) a quarter epoch of the aggregate set the each-window model's threshold.
 EACH_THEN_AGGREGATE_SHARE = 0.25
