@@ -283,16 +283,13 @@ def define_long_input_flags():
                       "text contain X anywhere'), each class's log(mean(exp)) (a soft max), 'any' (the first label only when "
                       "every window says it: a noisy-OR, for 'contains X' with the first label meaning absent), or "
                       "the first window's.")
-    flags.DEFINE_enum("window_training", None, ["each", "aggregate", "each_then_aggregate", "each_then_calibrate",
-                                                  "each_then_select"],
+    flags.DEFINE_enum("window_training", None, ["each", "aggregate", "each_then_aggregate", "each_then_calibrate"],
                       "--long_inputs=windows: train on each window alone with its input's label, on the aggregate "
                       "of an input's windows (the loss on --window_aggregation of their logits, so the window that "
                       "decides gets the gradient), or in two stages: each window for --num_train_epochs (that model "
                       "kept in <output_dir>/each_window), then from it the aggregate for a quarter of that "
                       "(each_then_aggregate), or no training and the first label's bias shifted to fit the "
-                      "training inputs' aggregate (each_then_calibrate); or each window, then rounds of one epoch "
-                      "on the windows the current model picks (each 'yes' input's most 'yes' window labelled yes, each "
-                      "'no' input's most 'yes' labelled no), then that calibration (each_then_select). "
+                      "training inputs' aggregate (each_then_calibrate). "
                       "Default: each_then_calibrate for max and any, each for the others (measured: docs/finetuning.md).")
 
 

@@ -129,7 +129,7 @@ def test_aggregations_and_weights():
     assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each_then_calibrate", "logmeanexp": "each",
                                        "any": "each_then_calibrate", "first": "each"}
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, each_then_select, got 'all'$"):
+                                         r"each_then_calibrate, got 'all'$"):
         check_window_settings("windows", 8, "max", "all")
 
 
@@ -217,7 +217,7 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, each_then_select, got 'both'$"):
+                                         r"each_then_calibrate, got 'both'$"):
         task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
@@ -225,8 +225,6 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     with pytest.raises(FinetuneError, match=r"^--window_training=each_then_calibrate shifts the first label's bias; "
                                             r"this task is a regression$"):
         task("max", "each_then_calibrate", regression=True)
-    with pytest.raises(FinetuneError, match=r"^--window_training=each_then_select shifts the first label's bias; "):
-        task("max", "each_then_select", regression=True)
 
 
 @pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])
@@ -826,8 +824,8 @@ def test_select_windows_takes_the_top_k_by_margin_and_the_hardest_of_the_first_l
         select_windows(logits, [0, 1, 0, 1, 2, 2, 3, 3], [0, 1, 1, 0], k=1)
 
 
-def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(tiny_model, tmp_path, caplog):
-    """--window_training=each_then_select: out/each_window trains 2 epochs of each window alone (12 steps), then
+def test_window_selection_trains_rounds_on_the_chosen_windows_then_calibrates(tiny_model, tmp_path, caplog):
+    """run_select_stages (top-k window selection; not a --window_training choice): out/each_window trains 2 epochs of each window alone (12 steps), then
     each of SELECT_ROUNDS rounds into out/select_<r> scores the 96 training windows with the previous model and
     trains one epoch (2 steps of 16) on one window per document, a "yes" one's most "yes" window labelled yes, a
     "no" one's most "yes" window labelled no; out gets the last round's model calibrated; a rerun trains nothing.
@@ -836,7 +834,7 @@ def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(ti
 
     import tensorflow as tf
 
-    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR, ClassifierRunConfig, run_select_stages
     from bert_tf.tasks.windows import SELECT_ROUNDS, SELECT_TOP
 
     assert (SELECT_ROUNDS, SELECT_TOP) == (3, 1)
@@ -845,10 +843,12 @@ def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(ti
     _write_split(tmp_path / "train.tsv", train)
     _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
     out = tmp_path / "out"
-    kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
-              window_aggregation="max", window_training="each_then_select")
+    cfg = ClassifierRunConfig(task=glue.user_task("text", "label", labels=["no", "yes"], index="id"),
+                              data_dir=str(tmp_path), output_dir=str(out), run=_settings(tiny_model),
+                              max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, do_train=True, do_eval=True,
+                              num_train_epochs=2, long_inputs="windows", doc_stride=ROOM, window_aggregation="max")
     with caplog.at_level(logging.INFO, logger="bert_tf"):
-        results = _run(tiny_model, tmp_path, out, **kw)
+        results = run_select_stages(cfg)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_select, stage")]
     assert lines[0] == f"each_then_select, stage 1 of 5: each window alone for 2 epoch(s) -> {out / EACH_WINDOW_DIR}"
     previous = out / EACH_WINDOW_DIR
@@ -877,6 +877,6 @@ def test_each_then_select_trains_rounds_on_the_chosen_windows_then_calibrates(ti
     assert results["dev"]["global_step"] == 2 and (out / "eval_results.txt").is_file()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="bert_tf"):
-        again = _run(tiny_model, tmp_path, out, **kw)
+        again = run_select_stages(cfg)
     assert f"each_then_select, stage 5 of 5: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
     assert again["dev"] == results["dev"]

@@ -33,9 +33,8 @@ ANY_FLOOR = 1e-30
 # aggregated output, so the gradient reaches the windows that decide it), or in two stages (one run;
 # bert_tf.runners.classifier.run_in_two_stages): each window for --num_train_epochs, then from that model
 # "each_then_aggregate" the aggregate for EACH_THEN_AGGREGATE_SHARE of that, or "each_then_calibrate" the first
-# label's bias shifted to fit the training inputs' aggregate (first_label_shift); or "each_then_select": each
-# window, then rounds of training on the windows the current model picks (select_windows), then that calibration.
-WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate", "each_then_select")
+# label's bias shifted to fit the training inputs' aggregate (first_label_shift).
+WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate")
 # each_then_aggregate: the aggregate stage's epochs as a share of the each-window stage's. On the needle task
 # (docs/finetuning.md) a quarter epoch of the aggregate set the each-window model's threshold.
 EACH_THEN_AGGREGATE_SHARE = 0.25
@@ -44,8 +43,9 @@ EACH_THEN_AGGREGATE_SHARE = 0.25
 CALIBRATION_INPUTS = 400
 # The shifts first_label_shift tries: logits move by at most this much, in steps of CALIBRATION_STEP.
 CALIBRATION_RANGE, CALIBRATION_STEP = 10.0, 0.05
-# "each_then_select": after the each-window stage, SELECT_ROUNDS rounds of one epoch each over SELECT_TOP windows
-# of every training input, re-chosen by the current model at the start of each round (select_windows).
+# Top-k window selection (bert_tf.runners.classifier.run_select_stages; not a WINDOW_TRAINING: on the subtle needle
+# of docs/finetuning.md it stayed at chance): after the each-window stage, SELECT_ROUNDS rounds of one epoch each
+# over SELECT_TOP windows of every training input, re-chosen by the current model at each round (select_windows).
 SELECT_TOP, SELECT_ROUNDS = 1, 3
 # The default per aggregation, the one that measured better (docs/finetuning.md, "Texts longer than
 # --max_seq_length"): on the needle task with real weights (1,600 documents, 5 seeds) each window alone ranked
