@@ -16,8 +16,16 @@ run_classifier's library (bert_tf.runners.classifier.run):
   spread  "the label is spread over the text": each verse is a New Testament one with probability
           --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
 
-Each run (--runs, "truncate" or "<each|aggregate|each_then_aggregate>:<mean|max|logmeanexp|any>") trains --epochs and
-evaluates once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy,
+Each run (--runs, "truncate" or "<window training>:<mean|max|logmeanexp|any>") trains --epochs and evaluates once at
+the end. A window training is one of run_classifier's --window_training (each, aggregate, each_then_aggregate,
+each_then_calibrate), or for the needle tasks:
+  oracle           the upper bound: each window trained with its true label (a window is "yes" when it holds the
+                   evidence's word-piece span whole, recorded in <split>_evidence.json; windows with only a part of
+                   it are left out), then calibrated and scored as each_then_calibrate (max over the windows);
+  each_then_select top-k window selection (bert_tf.runners.classifier.run_select_stages): each window for --epochs,
+                   then --select_rounds rounds of one epoch on --select_top windows per document chosen by the
+                   current model, then calibrated as each_then_calibrate.
+The table goes to <output_dir>/results.md and results.json (dev accuracy,
 dev AUC of the second label's probability, seconds). Batches hold about the same number of windows in
 every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate, and the
 second stage of each_then_aggregate, which run_classifier sizes so).
