@@ -22,6 +22,7 @@ each_then_calibrate), or for the needle tasks:
   oracle           the upper bound: each window trained with its true label (a window is "yes" when it holds the
                    evidence's word-piece span whole, recorded in <split>_evidence.json; windows with only a part of
                    it are left out), then calibrated and scored as each_then_calibrate (max over the windows);
+  oracle_balanced  the same on every "yes" window and as many drawn from the "no" documents;
   each_then_select top-k window selection (bert_tf.runners.classifier.run_select_stages): each window for --epochs,
                    then --select_rounds rounds of one epoch on --select_top windows per document chosen by the
                    current model, then calibrated as each_then_calibrate.
@@ -206,34 +207,41 @@ def make_task(task, folder, count_pieces, sizes):
             write_split(os.path.join(folder, "test.tsv"), docs, with_label=False)
 
 
-def oracle_windows(data_dir, count_pieces):
+def oracle_windows(data_dir, count_pieces, balanced=False):
     """The oracle's training windows (rows in glue.convert_examples_to_windows' order) and their true labels:
     a window of a "yes" document is "yes" when it holds the whole evidence span, left out when it holds only a
-    part of it, "no" otherwise; every window of a "no" document is "no"."""
+    part of it, "no" otherwise; every window of a "no" document is "no". balanced: every "yes" window and as many
+    windows of "no" documents drawn at random (seeded), the classes as even as top-1 selection makes them."""
     from bert_tf.tasks.windows import doc_spans_for
 
     with open(os.path.join(data_dir, "train_evidence.json"), encoding="utf-8") as f:
         evidence = json.load(f)
     with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
         texts = [row["text"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
-    rows, labels, row = [], [], 0
+    rows, labels, row, parts = [], [], 0, 0
     for text, span in zip(texts, evidence, strict=True):
         for start, length in doc_spans_for(count_pieces(text), FLAGS.max_seq_length - 2, FLAGS.doc_stride):
             whole = span is not None and start <= span[0] and span[1] <= start + length
             part = span is not None and not whole and start < span[1] and span[0] < start + length
-            if not part:
+            parts += part
+            if not part and (span is None or whole or not balanced):  # balanced: no "no" windows of "yes" documents
                 rows.append(row)
                 labels.append(int(whole))
             row += 1
-    logging.info("oracle: %d of %d training windows, %d of them hold the evidence whole (%d hold a part: left out)",
-                 len(rows), row, sum(labels), row - len(rows))
-    return rows, labels
+    if balanced:
+        negative = [r for r, label in zip(rows, labels, strict=True) if not label]
+        keep = set(random.Random(FLAGS.seed).sample(negative, sum(labels))) | \
+            {r for r, label in zip(rows, labels, strict=True) if label}
+        rows, labels = zip(*[(r, label) for r, label in zip(rows, labels, strict=True) if r in keep], strict=True)
+    logging.info("oracle%s: %d of %d training windows, %d of them hold the evidence whole (%d hold a part: left out)",
+                 " (balanced)" if balanced else "", len(rows), row, sum(labels), parts)
+    return list(rows), list(labels)
 
 
 def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces):
     """One run of --runs: "truncate", "<training>:<aggregation>" with a run_classifier --window_training, or
-    "oracle:<aggregation>" (needle tasks: each window trained with its true label, oracle_windows, then
-    calibrated as each_then_calibrate)."""
+    "oracle:<aggregation>" or "oracle_balanced:<aggregation>" (needle tasks: each window trained with its true
+    label, oracle_windows, then calibrated as each_then_calibrate)."""
     from bert_tf.runners.classifier import (
         EACH_WINDOW_DIR,
         ChosenWindowsTask,
@@ -252,7 +260,7 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_
     if name != "truncate":
         training, aggregation = name.split(":")
         kwargs = dict(long_inputs="windows", doc_stride=FLAGS.doc_stride, window_aggregation=aggregation,
-                      window_training="each" if training in ("oracle", "each_then_select") else training)
+                      window_training="each" if training in ("oracle", "oracle_balanced", "each_then_select") else training)
         if training == "aggregate":
             batch = max(1, round(FLAGS.batch / windows_per_doc))
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
@@ -260,8 +268,8 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
                               eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
-    if training == "oracle":
-        rows, window_labels = oracle_windows(data_dir, count_pieces)
+    if training in ("oracle", "oracle_balanced"):
+        rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
         first = os.path.join(out, EACH_WINDOW_DIR)
         stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
         run_finetuning(ChosenWindowsTask(stage, rows, window_labels, "each"), stage)
