@@ -404,10 +404,12 @@ SELECT_DIR, SELECTED_FILE = "select_{}", "selected_windows.json"
 
 def run_select_stages(cfg: ClassifierRunConfig, rounds: int = SELECT_ROUNDS,
                       top: int = SELECT_TOP) -> Dict[str, Dict[str, float]]:
-    """--window_training=each_then_select: top-k window selection (multiple-instance learning), each stage resumable.
+    """Top-k window selection (multiple-instance learning), "each_then_select" in the logs and bert_tf_info.json;
+    not a --window_training choice (measured at chance on the subtle needle: docs/finetuning.md). Each stage resumable.
 
-    1. each window alone for num_train_epochs into output_dir/each_window (train_each_window): a warm start
-       whose windows with the evidence score a little higher than the others;
+    1. each window alone for num_train_epochs into output_dir/each_window (train_each_window): the warm start,
+       which must already rank the evidence's windows above the others (on the subtle needle it did not: the
+       rounds then picked random windows and stayed at chance);
     2. `rounds` rounds into output_dir/select_<r>, each from the previous stage's model: every training window
        scored, then one epoch on `top` windows of each input (select_windows: a "yes" input's most "yes"
        windows labelled yes, a "no" input's most "yes" windows labelled no), the choice kept in SELECTED_FILE;
