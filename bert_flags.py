@@ -290,7 +290,7 @@ def define_long_input_flags():
                       "kept in <output_dir>/each_window), then from it the aggregate for a quarter of that "
                       "(each_then_aggregate), or no training and the first label's bias shifted to fit the "
                       "training inputs' aggregate (each_then_calibrate). "
-                      "Default: aggregate for any, each for the others (measured: docs/finetuning.md).")
+                      "Default: each_then_calibrate for max and any, each for the others (measured: docs/finetuning.md).")
 
 
 def check_long_input_flags():

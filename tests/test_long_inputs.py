@@ -806,3 +806,77 @@ def test_int8_exports_with_windows_stay_within_the_int8_bound(windows_model, ner
     assert 0 < difference < TINY_PROB_TOLERANCE
     np.testing.assert_array_equal(int8["tags"].numpy(), fp32["tags"].numpy())
     np.testing.assert_array_equal(int8["num_words"].numpy(), [len(t) for t in ner_texts])
+
+
+def test_select_windows_takes_the_top_k_by_margin_and_the_hardest_of_the_first_label():
+    """A "yes" input (label 1): its windows with the largest logit[1] - logit[0], labelled yes; a "no" input: its
+    windows with the largest margin of another label, labelled no; ties go to the earlier window; an input with
+    fewer windows than k gives all it has."""
+    from bert_tf.tasks.windows import select_windows
+
+    logits = np.array([[0, 1], [0, 3], [0, 2], [0, -1], [0, 5], [1, 0], [2, 2], [0, 0]], np.float32)
+    window_example = [0, 0, 0, 1, 1, 2, 3, 3]
+    rows, labels = select_windows(logits, window_example, [1, 0, 0, 1], k=1)
+    assert rows.tolist() == [1, 4, 5, 6] and labels.tolist() == [1, 0, 0, 1]
+    rows, labels = select_windows(logits, window_example, [0, 1, 1, 0], k=2)
+    assert rows.tolist() == [1, 2, 3, 4, 5, 6, 7] and labels.tolist() == [0, 0, 1, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="in input order"):
+        select_windows(logits, [0, 1, 0, 1, 2, 2, 3, 3], [0, 1, 1, 0], k=1)
+
+
+def test_window_selection_trains_rounds_on_the_chosen_windows_then_calibrates(tiny_model, tmp_path, caplog):
+    """run_select_stages (top-k window selection; not a --window_training choice): out/each_window trains 2 epochs of each window alone (12 steps), then
+    each of SELECT_ROUNDS rounds into out/select_<r> scores the 96 training windows with the previous model and
+    trains one epoch (2 steps of 16) on one window per document, a "yes" one's most "yes" window labelled yes, a
+    "no" one's most "yes" window labelled no; out gets the last round's model calibrated; a rerun trains nothing.
+    Measured: every round picks the marker's window in each of the 15 "yes" documents that hold it whole in one."""
+    import logging
+
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import EACH_WINDOW_DIR, ClassifierRunConfig, run_select_stages
+    from bert_tf.tasks.windows import SELECT_ROUNDS, SELECT_TOP
+
+    assert (SELECT_ROUNDS, SELECT_TOP) == (3, 1)
+    rng = np.random.default_rng(5)
+    train = _long_task_split(rng, 32)
+    _write_split(tmp_path / "train.tsv", train)
+    _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
+    out = tmp_path / "out"
+    cfg = ClassifierRunConfig(task=glue.user_task("text", "label", labels=["no", "yes"], index="id"),
+                              data_dir=str(tmp_path), output_dir=str(out), run=_settings(tiny_model),
+                              max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, do_train=True, do_eval=True,
+                              num_train_epochs=2, long_inputs="windows", doc_stride=ROOM, window_aggregation="max")
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        results = run_select_stages(cfg)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("each_then_select, stage")]
+    assert lines[0] == f"each_then_select, stage 1 of 5: each window alone for 2 epoch(s) -> {out / EACH_WINDOW_DIR}"
+    previous = out / EACH_WINDOW_DIR
+    for r in (1, 2, 3):
+        assert lines[r] == (f"each_then_select, stage {r + 1} of 5: one epoch on 32 windows (the top 1 of each input "
+                            f"by the model of {previous}, 16 of them labelled 'no') -> {out / f'select_{r}'}")
+        previous = out / f"select_{r}"
+    assert lines[4].startswith("each_then_select, stage 5 of 5: the 'no' logit of every window shifted by ")
+    assert lines[4].endswith(f"fitted on the max of the windows of 32 training inputs -> {out} (step 2)")
+    words = [text.split() for text, _ in train]
+    at = [next((i for i in range(len(w)) if w[i:i + len(MARKER)] == MARKER), None) for w in words]
+    # the window (3 per document, ROOM pieces each, one piece a word) that holds the marker whole, if one does
+    whole = [None if a is None or a // ROOM != (a + len(MARKER) - 1) // ROOM else a // ROOM for a in at]
+    found = [i for i, w in enumerate(whole) if w is not None]
+    assert len(found) == 15
+    for r in (1, 2, 3):
+        rows, labels = np.array(json.loads((out / f"select_{r}" / "selected_windows.json").read_text())).T
+        assert rows.tolist() == [3 * i + w for i, w in enumerate(rows % 3)]  # one window of each document
+        assert labels.tolist() == [int(label == "yes") for _, label in train]
+        assert [rows[i] % 3 for i in found] == [whole[i] for i in found]
+        assert tf.train.latest_checkpoint(str(out / f"select_{r}")).endswith("ckpt-2")
+        assert json.loads((out / f"select_{r}" / "bert_tf_info.json").read_text())["window_training"] == \
+            "each_then_select"
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-2")
+    assert json.loads((out / "bert_tf_info.json").read_text())["window_training"] == "each_then_select"
+    assert results["dev"]["global_step"] == 2 and (out / "eval_results.txt").is_file()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        again = run_select_stages(cfg)
+    assert f"each_then_select, stage 5 of 5: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
+    assert again["dev"] == results["dev"]

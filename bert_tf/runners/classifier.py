@@ -18,7 +18,11 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
 - "each_then_aggregate" and "each_then_calibrate": two stages in one run (run_in_two_stages): "each" into
   output_dir/each_window, then into output_dir from that model either "aggregate" for
   EACH_THEN_AGGREGATE_SHARE of the epochs, or no training and the first label's bias shifted to fit the
-  aggregate of training inputs' windows (calibrate_first_label).
+  aggregate of training inputs' windows (calibrate_first_label);
+Not a `window_training` choice: run_select_stages, "each", then rounds of one epoch on the windows the current
+model picks (bert_tf.tasks.windows.select_windows, ChosenWindowsTask), then that calibration; on the subtle needle
+of docs/finetuning.md it stayed at chance (experiments/long_documents.py runs it, and the oracle it is measured
+against).
 
 What the head reads (`pooling`, resolve_pooling): the pooler at [CLS] as BERT does, or the mean of the last
 layer's tokens, which a sentence-transformers checkpoint (all-MiniLM-L6-v2) was trained for and which its
@@ -30,6 +34,7 @@ Dimensions: B inputs, K window slots, S max_seq_length, L labels.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Dict, Optional
@@ -50,10 +55,13 @@ from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
     CALIBRATION_INPUTS,
     EACH_THEN_AGGREGATE_SHARE,
+    SELECT_ROUNDS,
+    SELECT_TOP,
     aggregate_windows,
     any_start_bias,
     check_window_settings,
     first_label_shift,
+    select_windows,
     window_training_for,
     window_weights,
     windows_in_slots,
@@ -299,6 +307,38 @@ class ClassifierTask(FinetuneTask):
         return summary
 
 
+class ChosenWindowsTask(ClassifierTask):
+    """Trains on chosen windows of the training inputs, each row one window with its own label and weight 1:
+    a round of each_then_select (select_windows' choice), or an oracle that knows which windows hold the
+    evidence (experiments/long_documents.py). Evaluation and prediction are ClassifierTask's, on every window.
+
+    rows int [R]: indices into the training split's windows (glue.convert_examples_to_windows' order);
+    labels int [R]: their label ids."""
+
+    def __init__(self, cfg: ClassifierRunConfig, rows, labels, recorded_training: str):
+        super().__init__(dataclasses.replace(cfg, window_training="each"), recorded_training=recorded_training)
+        self.rows, self.labels = np.asarray(rows, np.int64), np.asarray(labels, np.int64)
+        if self.rows.shape != self.labels.shape or not self.windows:
+            raise ValueError("ChosenWindowsTask needs long_inputs='windows' and one label per chosen row")
+
+    def _featurize(self, split, tokenizer):
+        data = super()._featurize(split, tokenizer)
+        if split != "train":
+            return data
+        if len(self.rows) and self.rows.max() >= data.count:
+            raise ValueError(f"chosen window {self.rows.max()} of a training split of {data.count} windows")
+        chosen = {k: np.asarray(v)[self.rows] for k, v in data.arrays.items()}
+        chosen["label_ids"] = self.labels.astype(chosen["label_ids"].dtype)
+        chosen["example_weights"] = np.ones(len(self.rows), np.float32)
+        return Featurized(data.examples, chosen, len(self.rows), window_example=data.window_example[self.rows])
+
+    def summary(self):
+        summary = super().summary()
+        summary["long inputs"] = (f"windows every {self.cfg.doc_stride} word pieces, {len(self.rows)} chosen ones "
+                                  f"each with its own label; {self.cfg.window_aggregation} of their logits per input")
+        return summary
+
+
 # The window trainings that run in two stages, the first training each window alone into EACH_WINDOW_DIR.
 TWO_STAGES = ("each_then_aggregate", "each_then_calibrate")
 # Where the first stage's model goes, inside output_dir.
@@ -342,20 +382,11 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
        - each_then_calibrate: no training; the first label's output bias is shifted by first_label_shift,
          fitted on the aggregate of at most CALIBRATION_INPUTS training inputs (calibrate_first_label).
     Evaluation, prediction and the export read output_dir's model. A rerun trains what is left."""
-    first = os.path.join(cfg.output_dir, EACH_WINDOW_DIR)
-    logger.info("%s, stage 1 of 2: each window alone for %g epoch(s) -> %s", training, cfg.num_train_epochs, first)
-    each = dataclasses.replace(cfg, output_dir=first, window_training="each", do_eval=False, do_predict=False,
-                               eval_every_steps=0)
-    run_finetuning(ClassifierTask(each), each)
-
+    first = train_each_window(cfg, training, "1 of 2")
+    if training == "each_then_calibrate":
+        return calibrate_and_score(cfg, first, training)
     pretrained = resolve_pretrained(first)
     from_first = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained))
-    if training == "each_then_calibrate":
-        calibrate_first_label(from_first, first)
-        if not (cfg.do_eval or cfg.do_predict):
-            return {}
-        scoring = dataclasses.replace(from_first, do_train=False)
-        return run_finetuning(ClassifierTask(scoring), scoring)
     aggregate = dataclasses.replace(from_first, window_training="aggregate",
                                     num_train_epochs=cfg.num_train_epochs * EACH_THEN_AGGREGATE_SHARE)
     task = ClassifierTask(aggregate, recorded_training="each_then_aggregate")
@@ -367,7 +398,102 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
     return run_finetuning(task, dataclasses.replace(aggregate, train_batch_size=batch))
 
 
-def calibrate_first_label(cfg: ClassifierRunConfig, first: str) -> None:
+# Where each_then_select's round r (1, 2, ...) trains, inside output_dir, and the windows it chose (row, label).
+SELECT_DIR, SELECTED_FILE = "select_{}", "selected_windows.json"
+
+
+def run_select_stages(cfg: ClassifierRunConfig, rounds: int = SELECT_ROUNDS,
+                      top: int = SELECT_TOP) -> Dict[str, Dict[str, float]]:
+    """Top-k window selection (multiple-instance learning), "each_then_select" in the logs and bert_tf_info.json;
+    not a --window_training choice (measured at chance on the subtle needle: docs/finetuning.md). Each stage resumable.
+
+    1. each window alone for num_train_epochs into output_dir/each_window (train_each_window): the warm start,
+       which must already rank the evidence's windows above the others (on the subtle needle it did not: the
+       rounds then picked random windows and stayed at chance);
+    2. `rounds` rounds into output_dir/select_<r>, each from the previous stage's model: every training window
+       scored, then one epoch on `top` windows of each input (select_windows: a "yes" input's most "yes"
+       windows labelled yes, a "no" input's most "yes" windows labelled no), the choice kept in SELECTED_FILE;
+    3. output_dir: the last round's model with the first label's bias calibrated (as each_then_calibrate).
+    Each window trained alone with its input's label learns little where the evidence is subtle (~7 of a "yes"
+    document's ~8 windows carry a label they have no evidence for); a round trains on the windows that decide
+    a max. Returns what calibrate_and_score does."""
+    stages = rounds + 2
+    previous = train_each_window(cfg, "each_then_select", f"1 of {stages}")
+    for r in range(1, rounds + 1):
+        previous = train_selected_round(cfg, previous, r, top, f"{r + 1} of {stages}")
+    return calibrate_and_score(cfg, previous, "each_then_select", f"{stages} of {stages}")
+
+
+def train_selected_round(cfg: ClassifierRunConfig, previous: str, r: int, top: int, stage: str) -> str:
+    """One round of each_then_select from the model in folder `previous` into output_dir/select_<r>; returns it."""
+    out = os.path.join(cfg.output_dir, SELECT_DIR.format(r))
+    pretrained = resolve_pretrained(previous)
+    stage_cfg = dataclasses.replace(cfg, output_dir=out, run=dataclasses.replace(cfg.run, pretrained=pretrained),
+                                    window_training="each", do_eval=False, do_predict=False, eval_every_steps=0,
+                                    num_train_epochs=1.0)
+    chosen_path = os.path.join(out, SELECTED_FILE)
+    if os.path.exists(chosen_path):  # a rerun: the round's choice was made from `previous`, which has not changed
+        with open(chosen_path, encoding="utf-8") as f:
+            rows, labels = np.asarray(json.load(f), np.int64).reshape(-1, 2).T
+    else:
+        task = ClassifierTask(stage_cfg, recorded_training="each_then_select")
+        train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
+        window_example = np.asarray(train.window_example)
+        _, logits = window_logits(stage_cfg, task, train, np.arange(len(window_example)))
+        input_labels = np.zeros(len(train.examples), np.int64)
+        input_labels[window_example] = train.arrays["label_ids"]
+        rows, labels = select_windows(logits, window_example, input_labels, top)
+        os.makedirs(out, exist_ok=True)
+        write_text_atomic(chosen_path, json.dumps(np.stack([rows, labels], 1).tolist()))
+    logger.info("each_then_select, stage %s: one epoch on %d windows (the top %d of each input by the model of %s, "
+                "%d of them labelled %r) -> %s", stage, len(rows), top, previous, int((labels == 0).sum()),
+                cfg.task.labels[0] if cfg.task.labels else 0, out)
+    run_finetuning(ChosenWindowsTask(stage_cfg, rows, labels, "each_then_select"), stage_cfg)
+    return out
+
+
+def train_each_window(cfg: ClassifierRunConfig, training: str, stage: str) -> str:
+    """The first stage of a staged window training: each window alone for num_train_epochs into
+    output_dir/EACH_WINDOW_DIR (no evaluation, no prediction; a rerun trains what is left). Returns that folder."""
+    first = os.path.join(cfg.output_dir, EACH_WINDOW_DIR)
+    logger.info("%s, stage %s: each window alone for %g epoch(s) -> %s", training, stage, cfg.num_train_epochs, first)
+    each = dataclasses.replace(cfg, output_dir=first, window_training="each", do_eval=False, do_predict=False,
+                               eval_every_steps=0)
+    run_finetuning(ClassifierTask(each), each)
+    return first
+
+
+def calibrate_and_score(cfg: ClassifierRunConfig, last: str, training: str,
+                        stage: str = "2 of 2") -> Dict[str, Dict[str, float]]:
+    """The last stage: output_dir gets the model of folder `last` calibrated (calibrate_first_label, recorded as
+    trained by `training`), which then evaluates and predicts as cfg asks."""
+    pretrained = resolve_pretrained(last)
+    from_last = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained))
+    calibrate_first_label(from_last, last, training, stage)
+    if not (cfg.do_eval or cfg.do_predict):
+        return {}
+    scoring = dataclasses.replace(from_last, do_train=False)
+    return run_finetuning(ClassifierTask(scoring), scoring)
+
+
+def window_logits(cfg: ClassifierRunConfig, task: ClassifierTask, train: Featurized, rows: np.ndarray):
+    """(trainer, logits float [R, L]): the training windows `rows` scored by the model cfg.run.pretrained reads
+    (a finished stage's folder, head included), in a trainer on cfg.output_dir, which has no checkpoint yet."""
+    settings = cfg.run
+    pretrained = settings.pretrained
+    record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
+    jit = settings.train.jit_compile
+    trainer = make_trainer(settings, cfg.output_dir, lambda: pretrained.build_model(record, skip_padding=not jit),
+                           task.loss, num_train_steps=1, global_batch_size=cfg.train_batch_size, warmup_proportion=0.0)
+    trainer.restore()  # output_dir has no checkpoint: the stage's model, head included
+    predictor = arrays.Predictor(trainer.model, dynamic_padding=settings.dynamic_padding and not jit,
+                                 jit_compile=jit, strategy=settings.strategy)
+    names = ("input_ids", "input_mask", "segment_ids")
+    return trainer, predictor({k: train.arrays[k][rows] for k in names}, cfg.eval_batch_size)
+
+
+def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = "each_then_calibrate",
+                          stage: str = "2 of 2") -> None:
     """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
     last step; cfg.run.pretrained reads it) with the first label's output bias shifted by first_label_shift, fitted on the
     --window_aggregation of the windows of at most CALIBRATION_INPUTS training inputs (drawn with the run's
@@ -375,26 +501,19 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str) -> None:
     as it is (a rerun)."""
     out = cfg.output_dir
     if model_dir.has_checkpoint(out):
-        logger.info("each_then_calibrate, stage 2 of 2: %s holds the calibrated model", out)
+        logger.info("%s, stage %s: %s holds the calibrated model", training, stage, out)
         return
     settings = cfg.run
     pretrained = settings.pretrained
-    task = ClassifierTask(dataclasses.replace(cfg, window_training="each"), recorded_training="each_then_calibrate")
+    task = ClassifierTask(dataclasses.replace(cfg, window_training="each"), recorded_training=training)
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
     train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
-    jit = settings.train.jit_compile
-    trainer = make_trainer(settings, out, lambda: pretrained.build_model(record, skip_padding=not jit), task.loss,
-                           num_train_steps=1, global_batch_size=cfg.train_batch_size, warmup_proportion=0.0)
-    trainer.restore()  # output_dir has no checkpoint: the first stage's model, head included
     window_example = np.asarray(train.window_example)
     inputs = len(train.examples)
     rng = np.random.default_rng(0 if settings.train.seed is None else settings.train.seed)
     chosen = np.sort(rng.choice(inputs, size=min(inputs, CALIBRATION_INPUTS), replace=False))
     rows = np.flatnonzero(np.isin(window_example, chosen))
-    names = ("input_ids", "input_mask", "segment_ids")
-    predictor = arrays.Predictor(trainer.model, dynamic_padding=settings.dynamic_padding and not jit,
-                                 jit_compile=jit, strategy=settings.strategy)
-    logits = predictor({k: train.arrays[k][rows] for k in names}, cfg.eval_batch_size)
+    trainer, logits = window_logits(cfg, task, train, rows)
     renumbered = np.searchsorted(chosen, window_example[rows])
     labels = np.zeros(len(chosen), np.int64)
     labels[renumbered] = train.arrays["label_ids"][rows]
@@ -403,8 +522,8 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str) -> None:
     bias.assign_add(np.eye(1, bias.shape[0], dtype=np.float32)[0] * shift)
     step = model_dir.checkpoint_step(model_dir.latest_checkpoint(first))
     trainer.global_step.assign(step)
-    logger.info("each_then_calibrate, stage 2 of 2: the %r logit of every window shifted by %+.2f, fitted on the %s "
-                "of the windows of %d training inputs -> %s (step %d)", task.spec.labels[0], shift,
+    logger.info("%s, stage %s: the %r logit of every window shifted by %+.2f, fitted on the %s "
+                "of the windows of %d training inputs -> %s (step %d)", training, stage, task.spec.labels[0], shift,
                 cfg.window_aggregation, len(chosen), out, step)
     if trainer.is_chief:
         model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, record,
@@ -412,5 +531,6 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str) -> None:
     trainer.checkpoints.save(trainer.checkpoints.manager(), step)
 
 
-__all__ = ["EACH_WINDOW_DIR", "TWO_STAGES", "ClassifierRunConfig", "ClassifierTask", "aggregate_slots",
-           "calibrate_first_label", "classification_loss", "resolve_pooling", "run", "run_in_two_stages", "slot_logits"]
+__all__ = ["EACH_WINDOW_DIR", "SELECT_DIR", "TWO_STAGES", "ChosenWindowsTask", "ClassifierRunConfig",
+           "ClassifierTask", "aggregate_slots", "calibrate_and_score", "calibrate_first_label", "classification_loss",
+           "resolve_pooling", "run", "run_in_two_stages", "run_select_stages", "slot_logits"]

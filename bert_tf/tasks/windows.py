@@ -8,7 +8,8 @@ One home for the window rules every task shares (SQuAD, classification, tagging)
 - `aggregate_windows`: per-window outputs [M, L] -> one output per input [N, L] by
   AGGREGATIONS ("mean", "max", "logmeanexp", "any" or "first");
 - `windows_in_slots`: the windows of each input side by side in a fixed number of slots, for training
-  on the aggregate (WINDOW_TRAINING "aggregate": the loss is taken on each input's aggregated output).
+  on the aggregate (WINDOW_TRAINING "aggregate": the loss is taken on each input's aggregated output);
+- `select_windows`: the windows a round of top-k selection trains on, each with its own label.
 
 Plain numpy; no TensorFlow.
 """
@@ -42,6 +43,10 @@ EACH_THEN_AGGREGATE_SHARE = 0.25
 CALIBRATION_INPUTS = 400
 # The shifts first_label_shift tries: logits move by at most this much, in steps of CALIBRATION_STEP.
 CALIBRATION_RANGE, CALIBRATION_STEP = 10.0, 0.05
+# Top-k window selection (bert_tf.runners.classifier.run_select_stages; not a WINDOW_TRAINING: on the subtle needle
+# of docs/finetuning.md it stayed at chance): after the each-window stage, SELECT_ROUNDS rounds of one epoch each
+# over SELECT_TOP windows of every training input, re-chosen by the current model at each round (select_windows).
+SELECT_TOP, SELECT_ROUNDS = 1, 3
 # The default per aggregation, the one that measured better (docs/finetuning.md, "Texts longer than
 # --max_seq_length"): on the needle task with real weights (1,600 documents, 5 seeds) each window alone ranked
 # the documents well (AUC 0.98-0.99) but called "no" documents "yes" (accuracy 0.75-0.92 under max), the
@@ -253,3 +258,32 @@ def windows_in_slots(arrays: Dict[str, np.ndarray], window_example: Sequence[int
     mask[window_example, slot] = 1
     out["window_mask"] = mask
     return out
+
+
+def select_windows(logits, window_example, labels, k: int):
+    """Which training windows a round of "each_then_select" trains on, and with which label (multiple-instance
+    learning's choice: a "yes" document's label belongs to the windows that hold its evidence, not to all of them).
+
+    logits float [M, L] (L >= 2) of M windows in input order, by the current model; window_example int [M];
+    labels int [N] of the N inputs. An input whose label y is not the first ("found"): its k windows with the
+    largest margin logit[y] - logit[first], labelled y (those the model thinks hold the evidence); an input of
+    the first label ("found nowhere"): its k windows with the largest margin of any other label over the first,
+    labelled first (its hardest windows, those a max would call "found"). Ties: the earlier window. An input
+    with fewer than k windows gives all of them. Returns (rows int [R] ascending, their labels int [R])."""
+    logits = np.asarray(logits, np.float64)
+    window_example = np.asarray(window_example, np.int64)
+    labels = np.asarray(labels, np.int64)
+    if logits.ndim != 2 or logits.shape[1] < 2:
+        raise ValueError(f"window selection needs two or more labels, got outputs of shape {logits.shape}")
+    if k < 1:
+        raise ValueError(f"window selection needs k >= 1, got {k}")
+    if len(logits) != len(window_example) or (np.diff(window_example) < 0).any():
+        raise ValueError("window selection needs one window_example per window, in input order")
+    label = labels[window_example]  # [M]: each window's input's label
+    found = np.where(label > 0, logits[np.arange(len(logits)), label], logits[:, 1:].max(-1))
+    margin = found - logits[:, 0]
+    order = np.lexsort((-margin, window_example))  # by input, then largest margin first (stable: earlier first)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(window_example, minlength=len(labels)))[:-1]])
+    rank = np.arange(len(order)) - starts[window_example[order]]  # each window's place in its input's order
+    rows = np.sort(order[rank < k])
+    return rows, label[rows]
