@@ -76,7 +76,7 @@ def test_yes_and_no_needle_documents_are_equally_long():
         "evidence = [' '.join(['e%d' % i] * rng.randint(5, 31)) for i in range(300)]\n"
         "docs = needle_documents(rng, background, evidence, lambda t: len(t.split()), 2000, 700, 31)\n"
         "for label in ('yes', 'no'):\n"
-        "    texts = [t for t, l in docs if l == label]\n"
+        "    texts = [t for t, l, _ in docs if l == label]\n"
         "    words = [len(t.split()) for t in texts]\n"
         "    print(label, len(texts), sum(words) / len(words), sum(' e' in ' ' + t for t in texts))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -84,4 +84,13 @@ def test_yes_and_no_needle_documents_are_equally_long():
     stats = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in result.stdout.splitlines()}
     assert stats["yes"][0] == stats["no"][0] == 1000
     assert stats["yes"][2] == 1000 and stats["no"][2] == 0  # the evidence is in every "yes" document only
+    spans = ("spans = [(t, l, s) for t, l, s in docs]\n"
+             "print(all((s is None) == (l == 'no') for t, l, s in spans))\n"
+             "ws = [(t.split(), s) for t, l, s in spans if s]\n"
+             "print(all(w[s[0]].startswith('e') and len(set(w[s[0]:s[1]])) == 1 and w[s[0] - 1] != w[s[0]] "
+             "and (s[1] == len(w) or w[s[1]] != w[s[0]]) for w, s in ws))\n")
+    result = subprocess.run([sys.executable, "-c", code.split("for label")[0] + spans], capture_output=True,
+                            text=True, cwd=REPO, timeout=300)
+    # each "yes" document's span (in pieces: here words) covers exactly its evidence sentence, a "no" one has none
+    assert result.returncode == 0 and result.stdout.split() == ["True", "True"], result.stderr[-2000:]
     assert abs(stats["yes"][1] - stats["no"][1]) < 1.5, stats
