@@ -33,6 +33,8 @@ MICROSOFT = "com.microsoft"
 _ELEMENTWISE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
                 "Pow": np.power, "Sqrt": np.sqrt, "Tanh": np.tanh}
 _GELU_GRID = np.linspace(-8.0, 8.0, 161)
+# The most ops a GELU has after its Tanh / Erf (ours: + 1, * 0.5x; others add a multiply or two).
+GELU_OPS_AFTER_CORE = 6
 
 
 def _erf(x):
@@ -186,9 +188,8 @@ def _evaluate(g: _Graph, nodes, x_name, x):
     return values[nodes[-1].output[0]]
 
 
-def _match_gelu(g: _Graph, core, order):
-    """A Tanh / Erf node inside a GELU of one input: (x, "FastGelu" or "Gelu", nodes, output); order: id(node) ->
-    its index in the graph."""
+def _match_gelu(g: _Graph, core):
+    """A Tanh / Erf node inside a GELU of one input: (x, "FastGelu" or "Gelu", nodes, output)."""
     # x: the one tensor the chain into `core` starts from: inside a GELU every tensor but x has one user.
     chain, frontier, sources = [core], [core], set()
     while frontier:
@@ -207,7 +208,7 @@ def _match_gelu(g: _Graph, core, order):
     [x] = sources
     # Forward from the core through elementwise ops until the chain computes a GELU of x.
     node = core
-    for _ in range(6):
+    for _ in range(GELU_OPS_AFTER_CORE):
         users = g.consumers[node.output[0]]
         if len(users) != 1 or users[0].op_type not in _ELEMENTWISE:
             return None
@@ -218,7 +219,7 @@ def _match_gelu(g: _Graph, core, order):
             if parent is not None and all(parent is not n for n in chain) and parent.op_type in _ELEMENTWISE and \
                     all(i == x or i in g.const for i in parent.input):
                 chain.append(parent)
-        nodes = sorted(chain, key=lambda n: order[id(n)])
+        nodes = sorted(chain, key=lambda n: g.order[id(n)])
         result = _evaluate(g, nodes, x, _GELU_GRID)
         if result is None:
             continue
@@ -261,7 +262,7 @@ def fuse(model, hidden_size: int) -> Dict[str, int]:
     replacements, taken = [], set()
     for node in g.graph.node:
         if node.op_type in ("Tanh", "Erf") and id(node) not in taken:
-            found = _match_gelu(g, node, g.order)
+            found = _match_gelu(g, node)
             if found is not None and not any(id(n) in taken for n in found[2]):
                 x, op, nodes, out = found
                 taken.update(id(n) for n in nodes)

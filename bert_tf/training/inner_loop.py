@@ -82,7 +82,8 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
                 r, p = strategy.run(count_tokens, args=(batch,))
                 real += strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None)
                 positions += strategy.reduce(tf.distribute.ReduceOp.SUM, p, axis=None)
-            done = loss + norm
+            if clock_input:
+                done = loss + norm
         if not clock_input:
             wait = tf.constant(float("nan"), tf.float64)
         health = dict(input_wait_seconds=wait, real_tokens=real, positions=positions)
