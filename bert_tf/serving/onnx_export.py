@@ -41,6 +41,7 @@ import tensorflow as tf
 from bert_tf.layers.normalization import plain_ops_for_export
 from bert_tf.serving.formats import ONNX_FILE, ONNX_FORMAT
 from bert_tf.serving.module import HUB_INPUTS, our_names
+from bert_tf.serving.onnx_fusions import fuse
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +108,6 @@ def _fuse(path: str, config) -> Dict[str, int]:
     """ONNX Runtime's fused LayerNorm and GELU ops in place of their chains
     (bert_tf.serving.onnx_fusions), in the file at `path`; returns {op: count}."""
     import onnx
-
-    from bert_tf.serving.onnx_fusions import fuse
 
     model = onnx.load(path)
     counts = fuse(model, config.hidden_size)
