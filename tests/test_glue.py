@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, TINY_VOCAB, shared_path
 
-from bert_tf.tasks import TaskDataError, glue
+from bert_tf.tasks import TaskDataError, glue, metrics
 from bert_tf.tokenization import FullTokenizer
 
 # GLUE folder, task name, labelled splits, test splits.
@@ -185,23 +185,23 @@ def test_feature_layout_padding_and_labels(tiny_tokenizer):
         glue.convert_examples_to_features([glue.InputExample("x", "a", label="2")], ("0", "1"), 8, tiny_tokenizer)
 
 
-# ----------------------------------------------------------------- metrics
+# ----------------------------------------------------------------- metrics (bert_tf.tasks.metrics)
 def test_metrics_by_hand():
     preds, labels = [1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]
     # tp=2 fp=1 fn=1 tn=2
-    assert glue.accuracy(preds, labels) == pytest.approx(4 / 6)
-    assert glue.f1_binary(preds, labels) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
-    assert glue.matthews_corrcoef(preds, labels) == pytest.approx((2 * 2 - 1 * 1) / math.sqrt(3 * 3 * 3 * 3))
-    assert glue.matthews_corrcoef([1, 1, 1], [0, 1, 0]) == 0.0  # constant prediction: undefined -> 0
-    assert glue.f1_binary([0, 0], [0, 0]) == 0.0
+    assert metrics.accuracy(preds, labels) == pytest.approx(4 / 6)
+    assert metrics.f1_binary(preds, labels) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    assert metrics.matthews_corrcoef(preds, labels) == pytest.approx((2 * 2 - 1 * 1) / math.sqrt(3 * 3 * 3 * 3))
+    assert metrics.matthews_corrcoef([1, 1, 1], [0, 1, 0]) == 0.0  # constant prediction: undefined -> 0
+    assert metrics.f1_binary([0, 0], [0, 0]) == 0.0
     x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 9.0]
     # mean x 2.5, mean y 5; sum dx*dy = 1.5*3 + .5*1 + .5*0 + 1.5*4 = 11; sum dx^2 = 5; sum dy^2 = 26.
-    assert glue.pearson(x, y) == pytest.approx(11 / math.sqrt(5 * 26))
-    assert glue.spearman(x, y) == pytest.approx(1.0)
-    assert list(glue.rank_average([10, 20, 20, 5])) == [2.0, 3.5, 3.5, 1.0]
+    assert metrics.pearson(x, y) == pytest.approx(11 / math.sqrt(5 * 26))
+    assert metrics.spearman(x, y) == pytest.approx(1.0)
+    assert list(metrics.rank_average([10, 20, 20, 5])) == [2.0, 3.5, 3.5, 1.0]
     # Ties: ranks x = [1, 2.5, 2.5, 4], y = [1, 2, 3, 4] -> pearson of ranks.
-    assert glue.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(glue.pearson([1, 2.5, 2.5, 4], [1, 2, 3, 4]))
-    assert glue.compute_metrics("f1_accuracy", preds, labels)["acc_and_f1"] == pytest.approx((4 / 6 + 2 / 3) / 2)
+    assert metrics.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(metrics.pearson([1, 2.5, 2.5, 4], [1, 2, 3, 4]))
+    assert metrics.compute_metrics("f1_accuracy", preds, labels)["acc_and_f1"] == pytest.approx((4 / 6 + 2 / 3) / 2)
 
 
 def test_metrics_agree_with_scipy_and_sklearn():
@@ -210,12 +210,12 @@ def test_metrics_agree_with_scipy_and_sklearn():
     rng = np.random.default_rng(0)
     for _ in range(5):
         labels, preds = rng.integers(0, 3, 50), rng.integers(0, 3, 50)
-        assert glue.matthews_corrcoef(preds, labels) == pytest.approx(skm.matthews_corrcoef(labels, preds))
+        assert metrics.matthews_corrcoef(preds, labels) == pytest.approx(skm.matthews_corrcoef(labels, preds))
         b_labels, b_preds = labels % 2, preds % 2
-        assert glue.f1_binary(b_preds, b_labels) == pytest.approx(skm.f1_score(b_labels, b_preds))
+        assert metrics.f1_binary(b_preds, b_labels) == pytest.approx(skm.f1_score(b_labels, b_preds))
         x, y = rng.integers(0, 6, 40).astype(float), rng.normal(size=40)
-        assert glue.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
-        assert glue.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
+        assert metrics.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
+        assert metrics.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
 
 
 # ----------------------------------------------------------------- output files
