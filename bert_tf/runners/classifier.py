@@ -42,7 +42,7 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import model_dir
+from bert_tf import fileio, model_dir
 from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
@@ -432,18 +432,17 @@ def train_selected_round(cfg: ClassifierRunConfig, previous: str, r: int, top: i
                                     window_training="each", do_eval=False, do_predict=False, eval_every_steps=0,
                                     num_train_epochs=1.0)
     chosen_path = os.path.join(out, SELECTED_FILE)
-    if os.path.exists(chosen_path):  # a rerun: the round's choice was made from `previous`, which has not changed
-        with open(chosen_path, encoding="utf-8") as f:
+    if fileio.exists(chosen_path):  # a rerun: the round's choice was made from `previous`, which has not changed
+        with fileio.open_file(chosen_path) as f:
             rows, labels = np.asarray(json.load(f), np.int64).reshape(-1, 2).T
     else:
         task = ClassifierTask(stage_cfg, recorded_training="each_then_select")
         train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
         window_example = np.asarray(train.window_example)
-        _, logits = window_logits(stage_cfg, task, train, np.arange(len(window_example)))
+        _, _, logits = window_logits(stage_cfg, task, train, np.arange(len(window_example)))
         input_labels = np.zeros(len(train.examples), np.int64)
         input_labels[window_example] = train.arrays["label_ids"]
         rows, labels = select_windows(logits, window_example, input_labels, top)
-        os.makedirs(out, exist_ok=True)
         write_text_atomic(chosen_path, json.dumps(np.stack([rows, labels], 1).tolist()))
     logger.info("each_then_select, stage %s: one epoch on %d windows (the top %d of each input by the model of %s, "
                 "%d of them labelled %r) -> %s", stage, len(rows), top, previous, int((labels == 0).sum()),
@@ -477,8 +476,9 @@ def calibrate_and_score(cfg: ClassifierRunConfig, last: str, training: str,
 
 
 def window_logits(cfg: ClassifierRunConfig, task: ClassifierTask, train: Featurized, rows: np.ndarray):
-    """(trainer, logits float [R, L]): the training windows `rows` scored by the model cfg.run.pretrained reads
-    (a finished stage's folder, head included), in a trainer on cfg.output_dir, which has no checkpoint yet."""
+    """(trainer, its task record, logits float [R, L]): the training windows `rows` scored by the model
+    cfg.run.pretrained reads (a finished stage's folder, head included), in a trainer on cfg.output_dir, which
+    has no checkpoint yet."""
     settings = cfg.run
     pretrained = settings.pretrained
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
@@ -489,7 +489,7 @@ def window_logits(cfg: ClassifierRunConfig, task: ClassifierTask, train: Featuri
     predictor = arrays.Predictor(trainer.model, dynamic_padding=settings.dynamic_padding and not jit,
                                  jit_compile=jit, strategy=settings.strategy)
     names = ("input_ids", "input_mask", "segment_ids")
-    return trainer, predictor({k: train.arrays[k][rows] for k in names}, cfg.eval_batch_size)
+    return trainer, record, predictor({k: train.arrays[k][rows] for k in names}, cfg.eval_batch_size)
 
 
 def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = "each_then_calibrate",
@@ -506,14 +506,13 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = 
     settings = cfg.run
     pretrained = settings.pretrained
     task = ClassifierTask(dataclasses.replace(cfg, window_training="each"), recorded_training=training)
-    record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
     train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
     window_example = np.asarray(train.window_example)
     inputs = len(train.examples)
     rng = np.random.default_rng(0 if settings.train.seed is None else settings.train.seed)
     chosen = np.sort(rng.choice(inputs, size=min(inputs, CALIBRATION_INPUTS), replace=False))
     rows = np.flatnonzero(np.isin(window_example, chosen))
-    trainer, logits = window_logits(cfg, task, train, rows)
+    trainer, record, logits = window_logits(cfg, task, train, rows)
     renumbered = np.searchsorted(chosen, window_example[rows])
     labels = np.zeros(len(chosen), np.int64)
     labels[renumbered] = train.arrays["label_ids"][rows]
