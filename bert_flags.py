@@ -288,8 +288,8 @@ def define_long_input_flags():
                       "of an input's windows (the loss on --window_aggregation of their logits, so the window that "
                       "decides gets the gradient), or in two stages: each window for --num_train_epochs (that model "
                       "kept in <output_dir>/each_window), then from it the aggregate for a quarter of that "
-                      "(each_then_aggregate), or no training and the first label's bias shifted to fit the "
-                      "training inputs' aggregate (each_then_calibrate). "
+                      "(each_then_aggregate), or no training and the output layer calibrated (the first label's "
+                      "logit shifted, every logit scaled) to fit the training inputs' aggregate (each_then_calibrate). "
                       "Default: each_then_calibrate for max and any, each for the others (measured: docs/finetuning.md).")
 
 

@@ -15,7 +15,7 @@ from bert_tf.tasks.windows import (
     any_start_bias,
     check_window_settings,
     doc_spans_for,
-    first_label_shift,
+    first_label_calibration,
     window_weights,
     windows_in_slots,
 )
@@ -134,11 +134,11 @@ def test_aggregations_and_weights():
 
 
 @pytest.mark.parametrize("aggregation", ["max", "any"])
-def test_the_first_label_shift_calibrates_windows_that_lean_toward_their_inputs_label(aggregation):
+def test_the_first_label_calibration_sets_the_threshold_of_windows_that_lean_toward_their_inputs_label(aggregation):
     """Windows trained each alone: every window of a "yes" input leans "yes" (logit difference ~1), its evidence
     window strongly (~5), and a "no" input's windows lean "yes" just as much (~1), so max and any call every
     input "yes". The fitted shift of the "no" logit sets the threshold between the two; applied once, a second
-    fit finds nothing left to shift."""
+    fit finds nothing left to move."""
     rng = np.random.default_rng(0)
     n, k = 60, 4
     labels = np.arange(n) % 2
@@ -147,19 +147,51 @@ def test_the_first_label_shift_calibrates_windows_that_lean_toward_their_inputs_
     logits = np.stack([np.zeros(n * k), lean.ravel()], axis=1)  # [M, 2]: "no", "yes"
     window_example = np.repeat(np.arange(n), k)
 
-    def accuracy(shift):
-        moved = logits.copy()
-        moved[:, 0] += shift
+    def calibrated(shift, scale):
+        return scale * (logits + np.array([shift, 0.0]))
+
+    def accuracy(moved):
         return np.mean(aggregate_windows(moved, window_example, n, aggregation).argmax(-1) == labels)
 
-    shift = first_label_shift(logits, window_example, labels, aggregation)
-    assert accuracy(0.0) == 0.5 and accuracy(shift) == 1.0, shift
-    assert 1.5 < shift < 6.0 and shift == pytest.approx(round(shift / 0.05) * 0.05)
-    calibrated = logits.copy()
-    calibrated[:, 0] += shift
-    assert abs(first_label_shift(calibrated, window_example, labels, aggregation)) <= 0.05
+    shift, scale = first_label_calibration(logits, window_example, labels, aggregation)
+    assert accuracy(logits) == 0.5 and accuracy(calibrated(shift, scale)) == 1.0, (shift, scale)
+    assert 1.5 < shift < 6.0 and scale > 1.0, (shift, scale)  # separable: the fit sharpens the logits
+    again = first_label_calibration(calibrated(shift, scale), window_example, labels, aggregation)
+    assert abs(again[0]) < 0.01 and again[1] == pytest.approx(1.0, abs=0.01), again
     with pytest.raises(ValueError, match="calibration needs two or more labels"):
-        first_label_shift(logits[:, :1], window_example, labels, aggregation)
+        first_label_calibration(logits[:, :1], window_example, labels, aggregation)
+
+
+def test_the_calibration_scales_squeezed_logits_where_a_shift_alone_misses_every_input():
+    """The subtle needle's failure (docs/finetuning.md): the documents' logit differences span ~0.1 and carry
+    a weak signal; fitted by cross-entropy, a shift alone must make the mean probability match the label share
+    of the fitted inputs (here 53% "yes"), which at scale 1 puts the threshold past every input. With the scale
+    fitted too (Platt scaling) the threshold lands inside the scores, near where accuracy is best."""
+    rng = np.random.default_rng(1)
+    n = 400
+    labels = (rng.random(n) < 0.53).astype(np.int64)
+    score = rng.normal(-0.08, 0.02, n) + 0.02 * labels  # the "yes" - "no" logit difference after the max
+    logits = np.stack([np.zeros(n), score], axis=1)
+    window_example = np.arange(n)
+
+    def accuracy(shift, scale):
+        moved = scale * (logits + np.array([shift, 0.0]))
+        return np.mean(aggregate_windows(moved, window_example, n, "max").argmax(-1) == labels)
+
+    threshold_only = first_label_calibration_shift_only(logits, labels)
+    assert accuracy(threshold_only, 1.0) == pytest.approx(labels.mean())  # every input called "yes"
+    shift, scale = first_label_calibration(logits, window_example, labels, "max")
+    best = max(np.mean((score > t) == labels) for t in score)
+    assert scale > 10 and accuracy(shift, scale) > best - 0.03 > labels.mean(), (shift, scale, best)
+
+
+def first_label_calibration_shift_only(logits, labels):
+    """The cross-entropy's best shift of the first label's logit at scale 1, on a fine grid (the calibration
+    before its scale was fitted too)."""
+    shifts = np.linspace(-1.0, 1.0, 4001)
+    diff = logits[:, 1] - logits[:, 0]
+    losses = [np.mean(np.logaddexp(0, -(2 * labels - 1) * (diff - s))) for s in shifts]
+    return float(shifts[int(np.argmin(losses))])
 
 
 def test_windows_in_slots_keep_each_inputs_windows_together():
@@ -450,11 +482,11 @@ def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_
     assert not (first / EACH_WINDOW_DIR).exists()
 
 
-def test_each_then_calibrate_shifts_only_the_first_labels_bias_of_the_each_window_model(tiny_model, tmp_path,
-                                                                                          caplog):
+def test_each_then_calibrate_moves_only_the_output_layer_of_the_each_window_model(tiny_model, tmp_path, caplog):
     """--window_training=each_then_calibrate: out/each_window trains 2 epochs of each window alone (12 steps); out
-    gets that model at the same step with only the "no" output bias moved, by the shift the log reports, and is
-    the one evaluated; a rerun trains and shifts nothing."""
+    gets that model at the same step with only the output layer changed, by the shift and scale the log reports
+    (weights x scale, bias + shift on "no", then x scale), and is the one evaluated; a rerun trains and
+    calibrates nothing."""
     import logging
     import re
 
@@ -463,10 +495,10 @@ def test_each_then_calibrate_shifts_only_the_first_labels_bias_of_the_each_windo
     out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "each_then_calibrate")
     assert len(lines) == 2 and lines[0].startswith("each_then_calibrate, stage 1 of 2: each window alone"), lines
     found = re.fullmatch(r"each_then_calibrate, stage 2 of 2: the 'no' logit of every window shifted by "
-                         r"([-+][\d.]+), fitted on the max of the windows of 32 training inputs -> (.*) \(step 12\)",
-                         lines[1])
-    assert found and found.group(2) == str(out), lines[1]
-    shift = float(found.group(1))
+                         r"([-+][\d.]+) and every logit scaled by ([\d.e+-]+), fitted on the max of the windows of 32 "
+                         r"training inputs -> (.*) \(step 12\)", lines[1])
+    assert found and found.group(3) == str(out), lines[1]
+    shift, scale = float(found.group(1)), float(found.group(2))
     assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-12")
     assert json.loads((out / "bert_tf_info.json").read_text())["window_training"] == "each_then_calibrate"
@@ -474,11 +506,17 @@ def test_each_then_calibrate_shifts_only_the_first_labels_bias_of_the_each_windo
     trained, calibrated = tf.train.load_checkpoint(str(first)), tf.train.load_checkpoint(str(out))
     names = [n for n, _ in tf.train.list_variables(str(first)) if n.startswith("model/") and "OPTIMIZER" not in n]
     assert len(names) > 20
+    head = [n for n in names if "output_bias" in n or "output_weights" in n]
+    assert len(head) == 2, head
     for name in names:
         want = trained.get_tensor(name)
-        if "output_bias" in name:
-            want = want + np.array([shift, 0.0], np.float32)
-        np.testing.assert_allclose(calibrated.get_tensor(name), want, atol=1e-6, err_msg=name)
+        if "output_bias" in name:  # the log rounds: the shift to 3 decimals, the scale to 3 digits
+            np.testing.assert_allclose(calibrated.get_tensor(name), (want + np.array([shift, 0.0])) * scale,
+                                       rtol=5e-3, atol=2e-3 * scale, err_msg=name)
+        elif "output_weights" in name:
+            np.testing.assert_allclose(calibrated.get_tensor(name), want * scale, rtol=5e-3, err_msg=name)
+        else:
+            np.testing.assert_array_equal(calibrated.get_tensor(name), want, err_msg=name)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="bert_tf"):
         again = _run(tiny_model, tmp_path, out, **kw)

@@ -17,8 +17,8 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
   gradient reaches the window that decides (with max, only it), as in multiple-instance learning;
 - "each_then_aggregate" and "each_then_calibrate": two stages in one run (run_in_two_stages): "each" into
   output_dir/each_window, then into output_dir from that model either "aggregate" for
-  EACH_THEN_AGGREGATE_SHARE of the epochs, or no training and the first label's bias shifted to fit the
-  aggregate of training inputs' windows (calibrate_first_label);
+  EACH_THEN_AGGREGATE_SHARE of the epochs, or no training and the output layer calibrated (the first label's
+  logit shifted, every logit scaled) to fit the aggregate of training inputs' windows (calibrate_first_label);
 Not a `window_training` choice: run_select_stages, "each", then rounds of one epoch on the windows the current
 model picks (bert_tf.tasks.windows.select_windows, ChosenWindowsTask), then that calibration; on the subtle needle
 of docs/finetuning.md it stayed at chance (experiments/long_documents.py runs it, and the oracle it is measured
@@ -60,7 +60,7 @@ from bert_tf.tasks.windows import (
     aggregate_windows,
     any_start_bias,
     check_window_settings,
-    first_label_shift,
+    first_label_calibration,
     select_windows,
     window_training_for,
     window_weights,
@@ -379,8 +379,9 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
        - each_then_aggregate: the aggregate of each input's windows for EACH_THEN_AGGREGATE_SHARE x
          num_train_epochs, train_batch_size / (the mean windows per input) inputs per batch (about the
          windows of a first-stage batch);
-       - each_then_calibrate: no training; the first label's output bias is shifted by first_label_shift,
-         fitted on the aggregate of at most CALIBRATION_INPUTS training inputs (calibrate_first_label).
+       - each_then_calibrate: no training; the first label's logit shifted and every logit scaled
+         (first_label_calibration), fitted on the aggregate of at most CALIBRATION_INPUTS training inputs
+         (calibrate_first_label).
     Evaluation, prediction and the export read output_dir's model. A rerun trains what is left."""
     first = train_each_window(cfg, training, "1 of 2")
     if training == "each_then_calibrate":
@@ -495,9 +496,9 @@ def window_logits(cfg: ClassifierRunConfig, task: ClassifierTask, train: Featuri
 def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = "each_then_calibrate",
                           stage: str = "2 of 2") -> None:
     """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
-    last step; cfg.run.pretrained reads it) with the first label's output bias shifted by first_label_shift, fitted on the
-    --window_aggregation of the windows of at most CALIBRATION_INPUTS training inputs (drawn with the run's
-    seed). Side files first, then a checkpoint at the first stage's step; an output_dir that has one is left
+    last step; cfg.run.pretrained reads it) with its output layer calibrated: the first label's logit shifted and
+    every logit scaled (first_label_calibration, Platt scaling), fitted on the --window_aggregation of the windows
+    of at most CALIBRATION_INPUTS training inputs (drawn with the run's seed). Side files first, then a checkpoint at the first stage's step; an output_dir that has one is left
     as it is (a rerun)."""
     out = cfg.output_dir
     if model_dir.has_checkpoint(out):
@@ -516,14 +517,16 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = 
     renumbered = np.searchsorted(chosen, window_example[rows])
     labels = np.zeros(len(chosen), np.int64)
     labels[renumbered] = train.arrays["label_ids"][rows]
-    shift = first_label_shift(logits, renumbered, labels, cfg.window_aggregation)
-    bias = trainer.model.head.projection.output_bias
-    bias.assign_add(np.eye(1, bias.shape[0], dtype=np.float32)[0] * shift)
+    shift, scale = first_label_calibration(logits, renumbered, labels, cfg.window_aggregation)
+    projection = trainer.model.head.projection
+    first_label = np.eye(1, projection.output_bias.shape[0], dtype=np.float32)[0]
+    projection.output_weights.assign(projection.output_weights * scale)  # scale * (W x + b + shift on label 0)
+    projection.output_bias.assign((projection.output_bias + shift * first_label) * scale)
     step = model_dir.checkpoint_step(model_dir.latest_checkpoint(first))
     trainer.global_step.assign(step)
-    logger.info("%s, stage %s: the %r logit of every window shifted by %+.2f, fitted on the %s "
-                "of the windows of %d training inputs -> %s (step %d)", training, stage, task.spec.labels[0], shift,
-                cfg.window_aggregation, len(chosen), out, step)
+    logger.info("%s, stage %s: the %r logit of every window shifted by %+.3f and every logit scaled by %.3g, "
+                "fitted on the %s of the windows of %d training inputs -> %s (step %d)", training, stage,
+                task.spec.labels[0], shift, scale, cfg.window_aggregation, len(chosen), out, step)
     if trainer.is_chief:
         model_dir.write_finetuned(out, pretrained.config, pretrained.vocab_file, record,
                                   do_lower_case=cfg.do_lower_case, max_seq_length=cfg.max_seq_length)

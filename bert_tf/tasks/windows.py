@@ -16,7 +16,7 @@ Plain numpy; no TensorFlow.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,16 +33,17 @@ ANY_FLOOR = 1e-30
 # aggregated output, so the gradient reaches the windows that decide it), or in two stages (one run;
 # bert_tf.runners.classifier.run_in_two_stages): each window for --num_train_epochs, then from that model
 # "each_then_aggregate" the aggregate for EACH_THEN_AGGREGATE_SHARE of that, or "each_then_calibrate" the first
-# label's bias shifted to fit the training inputs' aggregate (first_label_shift).
+# label's logit shifted and every logit scaled to fit the training inputs' aggregate (first_label_calibration).
 WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate")
 # each_then_aggregate: the aggregate stage's epochs as a share of the each-window stage's. On the needle task
 # (docs/finetuning.md) a quarter epoch of the aggregate set the each-window model's threshold.
 EACH_THEN_AGGREGATE_SHARE = 0.25
-# "each_then_calibrate": each window for --num_train_epochs, then the first label's output bias shifted by
-# first_label_shift on at most this many training inputs' aggregate (bert_tf.runners.classifier).
+# "each_then_calibrate": each window for --num_train_epochs, then the output layer calibrated by
+# first_label_calibration on at most this many training inputs' aggregate (bert_tf.runners.classifier).
 CALIBRATION_INPUTS = 400
-# The shifts first_label_shift tries: logits move by at most this much, in steps of CALIBRATION_STEP.
-CALIBRATION_RANGE, CALIBRATION_STEP = 10.0, 0.05
+# first_label_calibration: the first label's logit moves by at most CALIBRATION_RANGE, every logit is scaled by a
+# factor in CALIBRATION_SCALES, and the two are fitted in turn for at most CALIBRATION_ROUNDS rounds.
+CALIBRATION_RANGE, CALIBRATION_SCALES, CALIBRATION_ROUNDS = 10.0, (0.01, 100.0), 20
 # Top-k window selection (bert_tf.runners.classifier.run_select_stages; not a WINDOW_TRAINING: on the subtle needle
 # of docs/finetuning.md it stayed at chance): after the each-window stage, SELECT_ROUNDS rounds of one epoch each
 # over SELECT_TOP windows of every training input, re-chosen by the current model at each round (select_windows).
@@ -188,31 +189,62 @@ def any_start_bias(first_label_share: float, windows_per_input: float, num_label
     return bias
 
 
-def first_label_shift(logits, window_example, labels, aggregation: str) -> float:
-    """The shift of every window's first-label logit that minimises the cross-entropy of the inputs' aggregated
-    outputs (aggregate_windows) against their labels: a one-parameter calibration of a model trained on each
-    window alone, whose windows without the evidence lean toward the label of the input they came from.
+def first_label_calibration(logits, window_example, labels, aggregation: str) -> Tuple[float, float]:
+    """(shift, scale): window logits l become scale * (l + shift on the first label), the pair that minimises the
+    cross-entropy of the inputs' aggregated outputs (aggregate_windows) against their labels. Platt scaling for a
+    model trained on each window alone, whose windows without the evidence lean toward their input's label: the
+    shift sets the threshold, the scale how sure the aggregate is. A shift alone (scale 1) misses where the model's
+    logits are squeezed: on the subtle needle (docs/finetuning.md) the documents' logit differences spanned 0.1, and
+    a 1.5-point imbalance among the fitted inputs moved the shift-only fit past all of them.
 
-    logits float [M, L] (L >= 2) of M windows in input order, window_example int [M], labels int [N]. Tries
-    shifts in [-CALIBRATION_RANGE, CALIBRATION_RANGE] CALIBRATION_STEP apart and returns the best (the smallest
-    in size among equals); 0.0 when the model is already calibrated."""
+    logits float [M, L] (L >= 2) of M windows in input order, window_example int [M], labels int [N]. Fitted by
+    alternating golden-section searches, the shift over [-CALIBRATION_RANGE, CALIBRATION_RANGE], the scale over
+    CALIBRATION_SCALES (log-spaced); (0.0, 1.0) when the model is already calibrated."""
     logits = np.asarray(logits, np.float64)
     labels = np.asarray(labels, np.int64)
     if logits.ndim != 2 or logits.shape[1] < 2:
         raise ValueError(f"calibration needs two or more labels, got outputs of shape {logits.shape}")
-    steps = int(round(CALIBRATION_RANGE / CALIBRATION_STEP))
-    shifts = CALIBRATION_STEP * np.concatenate([[0], np.arange(1, steps + 1).repeat(2) * np.tile([1, -1], steps)])
-    best, best_loss = 0.0, np.inf
-    for shift in shifts:  # 0, +step, -step, +2 steps, ...: the first of equal losses is the smallest shift
-        moved = logits.copy()
-        moved[:, 0] += shift
-        out = aggregate_windows(moved, window_example, len(labels), aggregation)
+    first = np.eye(1, logits.shape[1])[0]
+
+    def loss(shift, scale):
+        out = aggregate_windows(scale * (logits + shift * first), window_example, len(labels), aggregation)
         out = out - out.max(-1, keepdims=True)
         logp = out - np.log(np.exp(out).sum(-1, keepdims=True))
-        loss = -logp[np.arange(len(labels)), labels].mean()
-        if loss < best_loss - 1e-12:
-            best, best_loss = float(shift), loss
-    return best
+        return -logp[np.arange(len(labels)), labels].mean()
+
+    shift, scale = 0.0, 1.0
+    best = loss(shift, scale)
+    low, high = np.log(CALIBRATION_SCALES)
+    for _ in range(CALIBRATION_ROUNDS):
+        shift = golden_minimum(lambda s, scale=scale: loss(s, scale), -CALIBRATION_RANGE, CALIBRATION_RANGE, shift)
+        scale = float(np.exp(golden_minimum(lambda g, shift=shift: loss(shift, np.exp(g)), low, high, np.log(scale))))
+        now = loss(shift, scale)
+        if best - now < 1e-9:
+            break
+        best = now
+    if loss(0.0, 1.0) <= best + 1e-9:
+        return 0.0, 1.0
+    return shift, scale
+
+
+def golden_minimum(f: Callable[[float], float], low: float, high: float, start: float, tolerance: float = 1e-5) -> float:
+    """The argument in [low, high] where f, assumed unimodal there, is least (golden-section search, to
+    `tolerance`); `start` when no point found is lower than f(start)."""
+    ratio = (np.sqrt(5.0) - 1.0) / 2.0
+    a, b = low, high
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tolerance:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+    found = (a + b) / 2.0
+    return found if f(found) < f(start) else start
 
 
 def window_training_for(aggregation: str, training: Optional[str]) -> str:
