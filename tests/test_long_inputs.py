@@ -137,8 +137,8 @@ def test_aggregations_and_weights():
 def test_the_first_label_calibration_sets_the_threshold_of_windows_that_lean_toward_their_inputs_label(aggregation):
     """Windows trained each alone: every window of a "yes" input leans "yes" (logit difference ~1), its evidence
     window strongly (~5), and a "no" input's windows lean "yes" just as much (~1), so max and any call every
-    input "yes". The fitted shift of the "no" logit sets the threshold between the two; applied once, a second
-    fit finds nothing left to move."""
+    input "yes". The fitted shift of the "no" logit sets the threshold between the two, the scale sharpens them
+    short of certainty; applied once, a second fit finds nothing left to move."""
     rng = np.random.default_rng(0)
     n, k = 60, 4
     labels = np.arange(n) % 2
@@ -155,7 +155,11 @@ def test_the_first_label_calibration_sets_the_threshold_of_windows_that_lean_tow
 
     shift, scale = first_label_calibration(logits, window_example, labels, aggregation)
     assert accuracy(logits) == 0.5 and accuracy(calibrated(shift, scale)) == 1.0, (shift, scale)
-    assert 1.5 < shift < 6.0 and scale > 1.0, (shift, scale)  # separable: the fit sharpens the logits
+    assert 1.5 < shift < 6.0 and 1.0 < scale < 10.0, (shift, scale)  # separable: the fit sharpens the logits
+    out = aggregate_windows(calibrated(shift, scale), window_example, n, aggregation)
+    sure = np.exp(out.max(-1) - np.log(np.exp(out).sum(-1)))
+    # Platt's softened targets (31/32 here: 30 inputs per label) keep it from running to certainty
+    assert 0.9 < sure.max() < 0.999, sure.max()
     again = first_label_calibration(calibrated(shift, scale), window_example, labels, aggregation)
     assert abs(again[0]) < 0.01 and again[1] == pytest.approx(1.0, abs=0.01), again
     with pytest.raises(ValueError, match="calibration needs two or more labels"):

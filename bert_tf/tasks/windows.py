@@ -195,7 +195,10 @@ def first_label_calibration(logits, window_example, labels, aggregation: str) ->
     model trained on each window alone, whose windows without the evidence lean toward their input's label: the
     shift sets the threshold, the scale how sure the aggregate is. A shift alone (scale 1) misses where the model's
     logits are squeezed: on the subtle needle (docs/finetuning.md) the documents' logit differences spanned 0.1, and
-    a 1.5-point imbalance among the fitted inputs moved the shift-only fit past all of them.
+    a 1.5-point imbalance among the fitted inputs moved the shift-only fit past all of them. As Platt's, the targets
+    are softened: an input of a label that n inputs have gets (n + 1) / (n + 2) on it and 1 / (n + 2) spread over the
+    others, so where the aggregate separates the inputs the scale stays finite (probabilities up to ~0.995 for
+    400 inputs) rather than running to its bound.
 
     logits float [M, L] (L >= 2) of M windows in input order, window_example int [M], labels int [N]. Fitted by
     alternating golden-section searches, the shift over [-CALIBRATION_RANGE, CALIBRATION_RANGE], the scale over
@@ -204,13 +207,17 @@ def first_label_calibration(logits, window_example, labels, aggregation: str) ->
     labels = np.asarray(labels, np.int64)
     if logits.ndim != 2 or logits.shape[1] < 2:
         raise ValueError(f"calibration needs two or more labels, got outputs of shape {logits.shape}")
-    first = np.eye(1, logits.shape[1])[0]
+    num_labels = logits.shape[1]
+    first = np.eye(1, num_labels)[0]
+    count = np.bincount(labels, minlength=num_labels)[labels].astype(np.float64)
+    targets = np.repeat((1.0 / (count + 2.0) / (num_labels - 1))[:, None], num_labels, axis=1)
+    targets[np.arange(len(labels)), labels] = (count + 1.0) / (count + 2.0)
 
     def loss(shift, scale):
         out = aggregate_windows(scale * (logits + shift * first), window_example, len(labels), aggregation)
         out = out - out.max(-1, keepdims=True)
         logp = out - np.log(np.exp(out).sum(-1, keepdims=True))
-        return -logp[np.arange(len(labels)), labels].mean()
+        return -(targets * logp).sum(-1).mean()
 
     shift, scale = 0.0, 1.0
     best = loss(shift, scale)
