@@ -269,13 +269,11 @@ def clean_negatives_task(cfg):
     "aggregate"), its loss clean_negatives_loss."""
     import tensorflow as tf
 
-    from bert_tf.runners.classifier import ClassifierTask
+    from bert_tf.runners.classifier import ClassifierTask, window_slot_logits
 
     class CleanNegativesTask(ClassifierTask):
         def loss(self, model, batch, training):
-            shape = tf.shape(batch["input_ids"])  # [B, K, S]
-            windows = {k: tf.reshape(batch[k], [-1, shape[2]]) for k in ("input_ids", "input_mask", "segment_ids")}
-            logits = tf.reshape(tf.cast(model(windows, training=training), tf.float32), [shape[0], shape[1], -1])
+            logits = window_slot_logits(model, batch, training)  # [B, K, L]
             weights = batch.get("is_real_example", tf.ones_like(batch["label_ids"]))
             loss, accuracy = clean_negatives_loss(logits, batch["window_mask"], batch["label_ids"], weights)
             return loss, {"accuracy": (accuracy, tf.reduce_sum(tf.cast(weights, tf.float32)))}
@@ -314,19 +312,18 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
                               eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
-    if training in ("oracle", "oracle_balanced"):
-        rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
+    if training in ("oracle", "oracle_balanced", "clean_negatives"):  # a first stage of our own, then calibrated
         first = os.path.join(out, EACH_WINDOW_DIR)
         stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
-        run_finetuning(ChosenWindowsTask(stage, rows, window_labels, "each"), stage)
+        if training == "clean_negatives":
+            stage_task = clean_negatives_task(stage)
+        else:
+            rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
+            stage_task = ChosenWindowsTask(stage, rows, window_labels, "each")
+        run_finetuning(stage_task, stage)
         results = calibrate_and_score(cfg, first, "each_then_calibrate")
     elif training == "each_then_select":
         results = run_select_stages(cfg, rounds=FLAGS.select_rounds, top=FLAGS.select_top)
-    elif training == "clean_negatives":
-        first = os.path.join(out, EACH_WINDOW_DIR)
-        stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
-        run_finetuning(clean_negatives_task(stage), stage)
-        results = calibrate_and_score(cfg, first, "each_then_calibrate")
     else:
         results = run(cfg)
     seconds = round(time.time() - start, 1)

@@ -124,13 +124,17 @@ def aggregate_slots(logits: tf.Tensor, window_mask: tf.Tensor, aggregation: str)
     raise ValueError(f"window aggregation must be mean, max, logmeanexp, any or first, got {aggregation!r}")
 
 
-def slot_logits(model, batch, training, aggregation: str) -> tf.Tensor:
-    """The aggregated logits [B, L] of a batch of inputs in window slots ([B, K, S] inputs, window_mask [B, K])."""
+def window_slot_logits(model, batch, training) -> tf.Tensor:
+    """The logits float32 [B, K, L] of every window slot of a batch of inputs in window slots ([B, K, S] inputs)."""
     shape = tf.shape(batch["input_ids"])  # [B, K, S]
     windows = {k: tf.reshape(batch[k], [-1, shape[2]]) for k in ("input_ids", "input_mask", "segment_ids")}
     logits = tf.cast(model(windows, training=training), tf.float32)  # [B * K, L]
-    logits = tf.reshape(logits, [shape[0], shape[1], -1])  # [B, K, L]
-    return aggregate_slots(logits, batch["window_mask"], aggregation)
+    return tf.reshape(logits, [shape[0], shape[1], -1])
+
+
+def slot_logits(model, batch, training, aggregation: str) -> tf.Tensor:
+    """The aggregated logits [B, L] of a batch of inputs in window slots ([B, K, S] inputs, window_mask [B, K])."""
+    return aggregate_slots(window_slot_logits(model, batch, training), batch["window_mask"], aggregation)
 
 
 def classification_loss(model, batch, training, window_aggregation: str = "mean"):
@@ -498,8 +502,8 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = 
     """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
     last step; cfg.run.pretrained reads it) with its output layer calibrated: the first label's logit shifted and
     every logit scaled (first_label_calibration, Platt scaling), fitted on the --window_aggregation of the windows
-    of at most CALIBRATION_INPUTS training inputs (drawn with the run's seed). Side files first, then a checkpoint at the first stage's step; an output_dir that has one is left
-    as it is (a rerun)."""
+    of at most CALIBRATION_INPUTS training inputs (drawn with the run's seed). Side files first, then a
+    checkpoint at the first stage's step; an output_dir that has one is left as it is (a rerun)."""
     out = cfg.output_dir
     if model_dir.has_checkpoint(out):
         logger.info("%s, stage %s: %s holds the calibrated model", training, stage, out)
@@ -535,4 +539,5 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = 
 
 __all__ = ["EACH_WINDOW_DIR", "SELECT_DIR", "TWO_STAGES", "ChosenWindowsTask", "ClassifierRunConfig",
            "ClassifierTask", "aggregate_slots", "calibrate_and_score", "calibrate_first_label", "classification_loss",
-           "resolve_pooling", "run", "run_in_two_stages", "run_select_stages", "slot_logits"]
+           "resolve_pooling", "run", "run_in_two_stages", "run_select_stages", "slot_logits",
+           "window_slot_logits"]
