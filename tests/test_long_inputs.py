@@ -129,7 +129,7 @@ def test_aggregations_and_weights():
     assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each_then_calibrate", "logmeanexp": "each",
                                        "any": "each_then_calibrate", "first": "each"}
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, got 'all'$"):
+                                         r"each_then_calibrate, clean_negatives, got 'all'$"):
         check_window_settings("windows", 8, "max", "all")
 
 
@@ -253,14 +253,22 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
-                                         r"each_then_calibrate, got 'both'$"):
+                                         r"each_then_calibrate, clean_negatives, got 'both'$"):
         task("any", "both")
     with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
     assert task("max", regression=True).window_training == "each"  # nothing to calibrate
-    with pytest.raises(FinetuneError, match=r"^--window_training=each_then_calibrate shifts the first label's bias; "
-                                            r"this task is a regression$"):
-        task("max", "each_then_calibrate", regression=True)
+    for training in ("each_then_calibrate", "clean_negatives"):
+        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, the first meaning "
+                                                r"'found nowhere'; this task is a regression$"):
+            task("max", training, regression=True)
+    assert task("max", "clean_negatives").not_packable.startswith(
+        "--window_training=clean_negatives keeps each input's")
+    for aggregation in ("mean", "first"):  # a "no" input's every window is "no" only where "yes" means "somewhere"
+        with pytest.raises(ValueError, match=r"^--window_training=clean_negatives takes every window of a first-label "
+                                             r"input as that label \('found nowhere'\), which needs "
+                                             rf"--window_aggregation max, logmeanexp, any, not {aggregation}$"):
+            task(aggregation, "clean_negatives")
 
 
 @pytest.mark.parametrize("aggregation", ["mean", "max", "logmeanexp", "any", "first"])
@@ -269,7 +277,7 @@ def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
     (numpy, over windows) and the export (segment ops in the graph) compute: the same numbers."""
     import tensorflow as tf
 
-    from bert_tf.runners.classifier import aggregate_slots
+    from bert_tf.runners.window_slots import aggregate_slots
     from bert_tf.runners.common import softmax
     from bert_tf.serving.windows import aggregate
 
@@ -332,6 +340,54 @@ def test_training_on_the_aggregate_sends_the_gradient_to_the_windows_that_decide
                 "any": np.log([p_no, 1 - p_no])}[aggregation]
     expected = 0.5 * (-np.log(np.exp(combined[1]) / np.exp(combined).sum()) - np.log(np.exp(0) / (1 + np.e)))
     assert loss.numpy() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["max", "any"])
+def test_clean_negatives_trains_every_window_of_a_no_input_and_the_aggregate_of_a_yes_one(tmp_path, aggregation):
+    """--window_training=clean_negatives' loss, through the task: a "no" input (the first label) is scored on each
+    of its real windows against "no" (an empty slot left out), a "yes" one on the aggregate of its windows, so
+    under max only its deciding window per unit gets a gradient; a padding row weighs nothing. The stand-in model
+    of the test above; the loss checked against cross-entropies worked out here."""
+    import tensorflow as tf
+
+    from bert_tf.runners.classifier import ClassifierRunConfig, ClassifierTask
+
+    spec = glue.user_task("text", "label", labels=["no", "yes"])
+    task = ClassifierTask(ClassifierRunConfig(task=spec, data_dir=str(tmp_path), output_dir=str(tmp_path),
+                                              long_inputs="windows", doc_stride=8, window_aggregation=aggregation,
+                                              window_training="clean_negatives"))
+    rows = np.array([[0, 0], [0, 1], [2, 0], [9, 9], [0, 3], [1, -1], [0, 0], [5, 0]], np.float32)
+    table = tf.Variable(rows)
+
+    def model(batch, training):  # [W, S] -> [W, 2]: the table row of each window's first piece
+        return tf.gather(table, batch["input_ids"][:, 1])
+
+    ids = np.zeros((3, 3, 4), np.int32)
+    ids[:, :, 1] = [[1, 2, 3], [4, 5, 6], [7, 0, 0]]  # "no" (row 3 in an empty slot), "yes", padding
+    window_mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], np.int32)
+    batch = {"input_ids": tf.constant(ids), "input_mask": tf.constant((ids > 0).astype(np.int32)),
+             "segment_ids": tf.zeros_like(ids), "window_mask": tf.constant(window_mask),
+             "label_ids": tf.constant([0, 1, 1]), "is_real_example": tf.constant([1, 1, 0])}
+    with tf.GradientTape() as tape:
+        loss, metrics = task.loss(model, batch, training=True)
+    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+
+    def xent(logits, label):
+        return -(logits - np.logaddexp(*logits))[label]
+
+    negative = (xent(rows[1], 0) + xent(rows[2], 0)) / 2  # its two real windows against "no"
+    aggregate = aggregate_windows(rows[[1, 2, 4, 5, 6]], [0, 0, 1, 1, 1], 2, aggregation)
+    assert loss.numpy() == pytest.approx((negative + xent(aggregate[1], 1)) / 2, rel=1e-5)
+    accuracy = np.mean(aggregate.argmax(-1) == [0, 1])  # max: both right; any: the "no" input is called "yes"
+    assert metrics["accuracy"][0].numpy() == pytest.approx(accuracy) and metrics["accuracy"][1].numpy() == 2.0
+    assert accuracy == {"max": 1.0, "any": 0.5}[aggregation]
+    np.testing.assert_array_equal(grad[[0, 3, 7]], 0.0)  # unused, an empty slot, the padding row
+    assert (grad[1:3] != 0).all()  # every window of the "no" input
+    if aggregation == "max":  # the "yes" input's max: unit 0 from row 5 (1.0), unit 1 from row 4 (3.0)
+        assert grad[5, 0] != 0 and grad[4, 1] != 0
+        np.testing.assert_array_equal([grad[4, 0], grad[5, 1], grad[6, 0], grad[6, 1]], 0.0)
+    else:
+        assert (grad[4:7] != 0).all()
 
 
 @pytest.mark.parametrize("skip_padding", [True, False])
@@ -429,11 +485,11 @@ def test_a_fresh_head_trained_on_the_any_aggregate_starts_at_the_datas_share(tin
 
 def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training):
     """Trains 2 epochs of --window_training=`training` on 32 documents of 3 windows (16 windows a batch: 12 steps
-    in the first stage) and evaluates on 8: (out, its each_window folder, the run's keyword arguments, its
+    in the first stage) and evaluates on 8: (out, its first stage's folder, the run's keyword arguments, its
     results, its stage log lines)."""
     import logging
 
-    from bert_tf.runners.classifier import EACH_WINDOW_DIR
+    from bert_tf.runners.classifier import CLEAN_NEGATIVES_DIR, EACH_WINDOW_DIR
 
     rng = np.random.default_rng(5)
     _write_split(tmp_path / "train.tsv", _long_task_split(rng, 32))
@@ -444,7 +500,7 @@ def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training):
     with caplog.at_level(logging.INFO, logger="bert_tf"):
         results = _run(tiny_model, tmp_path, out, **kw)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{training}, stage")]
-    return out, out / EACH_WINDOW_DIR, kw, results, lines
+    return out, out / (CLEAN_NEGATIVES_DIR if training == "clean_negatives" else EACH_WINDOW_DIR), kw, results, lines
 
 
 def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_one_resumable_run(
@@ -459,7 +515,7 @@ def test_each_then_aggregate_trains_the_aggregate_from_the_each_window_model_in_
 
     out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "any", "each_then_aggregate")
     assert lines == [f"each_then_aggregate, stage 1 of 2: each window alone for 2 epoch(s) -> {first}",
-                     f"each_then_aggregate, stage 2 of 2: their aggregate for 0.5 epoch(s) from {first}, 5 inputs "
+                     f"each_then_aggregate, stage 2 of 2: their aggregate from {first} for 0.5 epoch(s), 5 inputs "
                      f"per batch (3.0 windows each) -> {out}"], lines
     assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-3")
@@ -528,6 +584,33 @@ def test_each_then_calibrate_moves_only_the_output_layer_of_the_each_window_mode
                for r in caplog.records)
     np.testing.assert_array_equal(tf.train.load_checkpoint(str(out)).get_tensor(
         [n for n in names if "output_bias" in n][0]), calibrated.get_tensor([n for n in names if "output_bias" in n][0]))
+    assert again["dev"] == results["dev"]
+
+
+def test_clean_negatives_trains_in_slots_then_calibrates_in_one_resumable_run(tiny_model, tmp_path, caplog):
+    """--window_training=clean_negatives: 2 epochs of documents in slots (32 documents of 3 windows, round(16 / 3)
+    = 5 a batch: 12 steps) into out/clean_negatives, then that model calibrated into out at the same step; both
+    record the training; a rerun trains and calibrates nothing and scores the same."""
+    import logging
+
+    import tensorflow as tf
+
+    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "clean_negatives")
+    assert first.name == "clean_negatives" and not (out / "each_window").exists()
+    assert lines[0] == (f"clean_negatives, stage 1 of 2: every window of a 'no' input as 'no', another input's max "
+                        f"for 2 epoch(s), 5 inputs per batch (3.0 windows each) -> {first}"), lines
+    assert len(lines) == 2 and lines[1].startswith("clean_negatives, stage 2 of 2: the 'no' logit of every window "
+                                                   "shifted by ") and lines[1].endswith(f"-> {out} (step 12)"), lines
+    assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
+    assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-12")
+    for folder in (first, out):
+        assert json.loads((folder / "bert_tf_info.json").read_text())["window_training"] == "clean_negatives"
+    assert results["dev"]["global_step"] == 12 and not (first / "eval_results.txt").exists()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bert_tf"):
+        again = _run(tiny_model, tmp_path, out, **kw)
+    assert f"clean_negatives, stage 2 of 2: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
+    assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
     assert again["dev"] == results["dev"]
 
 

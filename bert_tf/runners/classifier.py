@@ -13,12 +13,15 @@ bert_tf.tasks.windows.aggregate_windows), so every output file keeps one row per
 - "each": every window is a row with its input's label, weighted 1 / (windows of its input) so a
   long input weighs what a short one does;
 - "aggregate": a row is one input with its windows in K slots (bert_tf.tasks.windows.windows_in_slots),
-  the model scores them all and the loss is taken on their aggregation (aggregate_slots), so the
+  the model scores them all and the loss is taken on their aggregation (window_slots.aggregate_slots), so the
   gradient reaches the window that decides (with max, only it), as in multiple-instance learning;
 - "each_then_aggregate" and "each_then_calibrate": two stages in one run (run_in_two_stages): "each" into
   output_dir/each_window, then into output_dir from that model either "aggregate" for
   EACH_THEN_AGGREGATE_SHARE of the epochs, or no training and the output layer calibrated (the first label's
   logit shifted, every logit scaled) to fit the aggregate of training inputs' windows (calibrate_first_label);
+- "clean_negatives": two stages too: inputs in slots into output_dir/clean_negatives, every window of an input
+  of the first label ("found nowhere") trained as that label and another input's label on the aggregate of its
+  windows (bert_tf.runners.window_slots.clean_negatives_loss), then that calibration into output_dir;
 Not a `window_training` choice: run_select_stages, "each", then rounds of one epoch on the windows the current
 model picks (bert_tf.tasks.windows.select_windows, ChosenWindowsTask), then that calibration; on the subtle needle
 of docs/finetuning.md it stayed at chance (experiments/long_documents.py runs it, and the oracle it is measured
@@ -50,11 +53,12 @@ from bert_tf.pretrained import FinetuneError, resolve_pretrained
 from bert_tf.runners import arrays
 from bert_tf.runners.common import check_packing, make_trainer, mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
-from bert_tf.serving.windows import any_outputs
+from bert_tf.runners.window_slots import clean_negatives_loss, slot_logits, window_slot_logits
 from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
     CALIBRATION_INPUTS,
     EACH_THEN_AGGREGATE_SHARE,
+    FIRST_LABEL_TRAINING,
     SELECT_ROUNDS,
     SELECT_TOP,
     aggregate_windows,
@@ -77,7 +81,7 @@ class ClassifierRunConfig(FinetuneConfig):
     long_inputs: str = "truncate"  # or "windows"
     doc_stride: int = 128  # windows: each starts this many word pieces after the previous one
     window_aggregation: str = "mean"  # windows: "mean", "max", "logmeanexp", "any" or "first" of the windows' logits
-    window_training: Optional[str] = None  # windows: "each", "aggregate" or "each_then_aggregate"; None: the default
+    window_training: Optional[str] = None  # windows: one of WINDOW_TRAINING; None: the aggregation's default
     pooling: Optional[str] = None  # "cls" or "mean" (POOLINGS); None: resolve_pooling's choice
 
 
@@ -94,47 +98,6 @@ def resolve_pooling(asked: Optional[str], output_dir: str, pretrained) -> str:
         raise FinetuneError(f"{output_dir}: holds a run trained with --pooling={held}, not {asked}; "
                             "use a new --output_dir")
     return held or asked or pretrained.pooling or "cls"
-
-
-# A masked slot's logit before max and logmeanexp: far below any real one, finite so no inf - inf appears.
-EMPTY_SLOT_LOGIT = -1e9
-
-
-def aggregate_slots(logits: tf.Tensor, window_mask: tf.Tensor, aggregation: str) -> tf.Tensor:
-    """float [B, K, L] logits of each input's window slots, window_mask int [B, K] (1: a window) -> [B, L]:
-    bert_tf.tasks.windows.aggregate_windows over each input's windows, empty slots left out. Every input has
-    its first slot filled. Under max each unit's gradient goes to its largest window only (ties share it)."""
-    mask = tf.cast(window_mask, logits.dtype)[:, :, None]  # [B, K, 1]
-    count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)  # [B, 1]
-    if aggregation == "first":
-        return logits[:, 0]
-    if aggregation == "mean":
-        return tf.reduce_sum(logits * mask, axis=1) / count
-    if aggregation == "any":  # noisy-OR: the first label only when every window says so
-        logp = tf.nn.log_softmax(logits)  # [B, K, L]
-        none = tf.reduce_sum(logp[:, :, :1] * mask, axis=1)  # [B, 1]
-        rest = tf.reduce_logsumexp(tf.where(mask > 0, logp[:, :, 1:], EMPTY_SLOT_LOGIT), axis=1)  # [B, L - 1]
-        return any_outputs(none, rest)
-    masked = tf.where(mask > 0, logits, EMPTY_SLOT_LOGIT)  # [B, K, L]
-    top = tf.reduce_max(masked, axis=1)  # [B, L]
-    if aggregation == "max":
-        return top
-    if aggregation == "logmeanexp":  # top + log(mean(exp(x - top))): exact, and no overflow
-        return top + tf.math.log(tf.reduce_sum(tf.exp(masked - top[:, None, :]) * mask, axis=1) / count)
-    raise ValueError(f"window aggregation must be mean, max, logmeanexp, any or first, got {aggregation!r}")
-
-
-def window_slot_logits(model, batch, training) -> tf.Tensor:
-    """The logits float32 [B, K, L] of every window slot of a batch of inputs in window slots ([B, K, S] inputs)."""
-    shape = tf.shape(batch["input_ids"])  # [B, K, S]
-    windows = {k: tf.reshape(batch[k], [-1, shape[2]]) for k in ("input_ids", "input_mask", "segment_ids")}
-    logits = tf.cast(model(windows, training=training), tf.float32)  # [B * K, L]
-    return tf.reshape(logits, [shape[0], shape[1], -1])
-
-
-def slot_logits(model, batch, training, aggregation: str) -> tf.Tensor:
-    """The aggregated logits [B, L] of a batch of inputs in window slots ([B, K, S] inputs, window_mask [B, K])."""
-    return aggregate_slots(window_slot_logits(model, batch, training), batch["window_mask"], aggregation)
 
 
 def classification_loss(model, batch, training, window_aggregation: str = "mean"):
@@ -172,13 +135,13 @@ class ClassifierTask(FinetuneTask):
         self.windows = cfg.long_inputs == "windows"
         self.window_training = window_training_for(cfg.window_aggregation, cfg.window_training) \
             if self.windows else None
-        if cfg.task.is_regression and self.window_training == "each_then_calibrate":
+        if cfg.task.is_regression and self.window_training in FIRST_LABEL_TRAINING:
             if cfg.window_training is not None:
-                raise FinetuneError("--window_training=each_then_calibrate shifts the first label's bias; this task "
-                                    "is a regression")
+                raise FinetuneError(f"--window_training={self.window_training} needs labels, the first meaning "
+                                    "'found nowhere'; this task is a regression")
             self.window_training = "each"  # max's default, for a task with labels
         self.recorded_training = recorded_training or self.window_training
-        if self.window_training in ("aggregate", "each_then_aggregate"):
+        if self.window_training in ("aggregate", "each_then_aggregate", "clean_negatives"):
             self.not_packable = (f"--window_training={self.window_training} keeps each input's windows together "
                                  "in slots")
         self._train: Optional[Featurized] = None  # the train split, featurized once
@@ -236,7 +199,7 @@ class ClassifierTask(FinetuneTask):
         arrays = glue.features_to_arrays(features, self.cfg.max_seq_length)
         logger.info("%s: %d inputs -> %d windows (max_seq_length %d, doc_stride %d)", split, len(examples),
                     len(features), self.cfg.max_seq_length, self.cfg.doc_stride)
-        if split == "train" and self.window_training == "aggregate":  # a row per input, its windows in slots
+        if split == "train" and self.window_training in ("aggregate", "clean_negatives"):  # an input's windows in slots
             slots = windows_in_slots(arrays, window_example, per_input=("label_ids", "is_real_example"))
             mask = slots["window_mask"]
             logger.info("%s: %d window slots per input, %.1f%% of them empty", split, mask.shape[1],
@@ -261,6 +224,11 @@ class ClassifierTask(FinetuneTask):
                     np.array2string(bias, precision=3), 100 * share, self.spec.labels[0], windows)
 
     def loss(self, model, batch, training):
+        if self.window_training == "clean_negatives" and "window_mask" in batch:
+            weights = batch.get("is_real_example", tf.ones_like(batch["label_ids"]))
+            loss, accuracy = clean_negatives_loss(window_slot_logits(model, batch, training), batch["window_mask"],
+                                                  batch["label_ids"], weights, self.cfg.window_aggregation)
+            return loss, {"accuracy": (accuracy, tf.reduce_sum(tf.cast(weights, tf.float32)))}
         return classification_loss(model, batch, training, window_aggregation=self.cfg.window_aggregation)
 
     def per_input(self, data, logits):
@@ -303,6 +271,8 @@ class ClassifierTask(FinetuneTask):
                    "reads": "the mean of the last layer's tokens" if self.pooling == "mean" else "the pooler at [CLS]"}
         if self.windows:
             training = ("each weighted 1/windows of its input" if self.window_training == "each" else
+                        f"every window of a {self.spec.labels[0]!r} input as {self.spec.labels[0]!r}, another "
+                        "input's aggregate (clean negatives)" if self.window_training == "clean_negatives" else
                         "trained on their aggregate, an input's windows in one row of slots")
             if self.recorded_training == "each_then_aggregate":
                 training += f", from the model trained on each window ({EACH_WINDOW_DIR}/)"
@@ -343,16 +313,17 @@ class ChosenWindowsTask(ClassifierTask):
         return summary
 
 
-# The window trainings that run in two stages, the first training each window alone into EACH_WINDOW_DIR.
-TWO_STAGES = ("each_then_aggregate", "each_then_calibrate")
-# Where the first stage's model goes, inside output_dir.
-EACH_WINDOW_DIR = "each_window"
+# The window trainings that run in two stages: the first trains each window alone into EACH_WINDOW_DIR, or
+# clean_negatives into CLEAN_NEGATIVES_DIR (both inside output_dir); the second trains or calibrates into output_dir.
+TWO_STAGES = ("each_then_aggregate", "each_then_calibrate", "clean_negatives")
+EACH_WINDOW_DIR, CLEAN_NEGATIVES_DIR = "each_window", "clean_negatives"
 
 
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
     task = ClassifierTask(cfg)
-    if task.window_training in ("aggregate", "each_then_aggregate") and cfg.do_train and cfg.run is not None \
+    if task.window_training in ("aggregate", "each_then_aggregate", "clean_negatives") and cfg.do_train \
+            and cfg.run is not None \
             and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training in TWO_STAGES and cfg.do_train:
@@ -374,19 +345,29 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
 
 
 def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict[str, float]]:
-    """--window_training=each_then_aggregate or each_then_calibrate: two stages in one run, each resumable.
+    """--window_training=each_then_aggregate, each_then_calibrate or clean_negatives: two stages in one run, each
+    resumable.
 
     1. each window alone for num_train_epochs into output_dir/each_window (a complete model directory;
        no evaluation, no prediction): windows with the evidence learn it, but the others lean toward their
-       input's label too, so an aggregate such as max or any of them is badly calibrated;
+       input's label too, so an aggregate such as max or any of them is badly calibrated; or, clean_negatives,
+       inputs in window slots for num_train_epochs into output_dir/clean_negatives, the loss
+       clean_negatives_loss (every window of a first-label input is that label, another input's label goes to
+       the aggregate of its windows), train_batch_size / (the mean windows per input) inputs per batch;
     2. into output_dir, from that model:
        - each_then_aggregate: the aggregate of each input's windows for EACH_THEN_AGGREGATE_SHARE x
          num_train_epochs, train_batch_size / (the mean windows per input) inputs per batch (about the
          windows of a first-stage batch);
-       - each_then_calibrate: no training; the first label's logit shifted and every logit scaled
-         (first_label_calibration), fitted on the aggregate of at most CALIBRATION_INPUTS training inputs
+       - each_then_calibrate and clean_negatives: no training; the first label's logit shifted and every logit
+         scaled (first_label_calibration), fitted on the aggregate of at most CALIBRATION_INPUTS training inputs
          (calibrate_first_label).
     Evaluation, prediction and the export read output_dir's model. A rerun trains what is left."""
+    if training == "clean_negatives":
+        first = os.path.join(cfg.output_dir, CLEAN_NEGATIVES_DIR)
+        stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False, eval_every_steps=0)
+        train_in_slots(ClassifierTask(stage), stage, f"{training}, stage 1 of 2", "every window of a "
+                       f"{cfg.task.labels[0]!r} input as {cfg.task.labels[0]!r}, another input's {cfg.window_aggregation}")
+        return calibrate_and_score(cfg, first, training)
     first = train_each_window(cfg, training, "1 of 2")
     if training == "each_then_calibrate":
         return calibrate_and_score(cfg, first, training)
@@ -394,13 +375,19 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
     from_first = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pretrained=pretrained))
     aggregate = dataclasses.replace(from_first, window_training="aggregate",
                                     num_train_epochs=cfg.num_train_epochs * EACH_THEN_AGGREGATE_SHARE)
-    task = ClassifierTask(aggregate, recorded_training="each_then_aggregate")
-    train = task.featurize("train", pretrained.tokenizer(cfg.do_lower_case))
+    return train_in_slots(ClassifierTask(aggregate, recorded_training="each_then_aggregate"), aggregate,
+                          f"{training}, stage 2 of 2", f"their aggregate from {first}")
+
+
+def train_in_slots(task: ClassifierTask, cfg: ClassifierRunConfig, stage: str, what: str):
+    """run_finetuning of a task that trains on inputs in window slots, train_batch_size / (the mean windows per
+    training input) inputs per batch: about the windows of a batch of each window alone."""
+    train = task.featurize("train", cfg.run.pretrained.tokenizer(cfg.do_lower_case))
     windows = float(train.arrays["window_mask"].sum(axis=1).mean())
     batch = max(1, round(cfg.train_batch_size / windows))
-    logger.info("each_then_aggregate, stage 2 of 2: their aggregate for %g epoch(s) from %s, %d inputs per batch "
-                "(%.1f windows each) -> %s", aggregate.num_train_epochs, first, batch, windows, cfg.output_dir)
-    return run_finetuning(task, dataclasses.replace(aggregate, train_batch_size=batch))
+    logger.info("%s: %s for %g epoch(s), %d inputs per batch (%.1f windows each) -> %s", stage, what,
+                cfg.num_train_epochs, batch, windows, cfg.output_dir)
+    return run_finetuning(task, dataclasses.replace(cfg, train_batch_size=batch))
 
 
 # Where each_then_select's round r (1, 2, ...) trains, inside output_dir, and the windows it chose (row, label).
@@ -537,7 +524,6 @@ def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = 
     trainer.checkpoints.save(trainer.checkpoints.manager(), step)
 
 
-__all__ = ["EACH_WINDOW_DIR", "SELECT_DIR", "TWO_STAGES", "ChosenWindowsTask", "ClassifierRunConfig",
-           "ClassifierTask", "aggregate_slots", "calibrate_and_score", "calibrate_first_label", "classification_loss",
-           "resolve_pooling", "run", "run_in_two_stages", "run_select_stages", "slot_logits",
-           "window_slot_logits"]
+__all__ = ["CLEAN_NEGATIVES_DIR", "EACH_WINDOW_DIR", "SELECT_DIR", "TWO_STAGES", "ChosenWindowsTask", "ClassifierRunConfig",
+           "ClassifierTask", "calibrate_and_score", "calibrate_first_label", "classification_loss",
+           "resolve_pooling", "run", "run_in_two_stages", "run_select_stages"]

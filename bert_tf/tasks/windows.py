@@ -33,8 +33,13 @@ ANY_FLOOR = 1e-30
 # aggregated output, so the gradient reaches the windows that decide it), or in two stages (one run;
 # bert_tf.runners.classifier.run_in_two_stages): each window for --num_train_epochs, then from that model
 # "each_then_aggregate" the aggregate for EACH_THEN_AGGREGATE_SHARE of that, or "each_then_calibrate" the first
-# label's logit shifted and every logit scaled to fit the training inputs' aggregate (first_label_calibration).
-WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate")
+# label's logit shifted and every logit scaled to fit the training inputs' aggregate (first_label_calibration);
+# or "clean_negatives", multiple-instance learning that takes every window of an input of the first label ("found
+# nowhere") as that label and another input's label as its windows' aggregate (max, logmeanexp or any:
+# FOUND_SOMEWHERE), then calibrated as each_then_calibrate.
+WINDOW_TRAINING = ("each", "aggregate", "each_then_aggregate", "each_then_calibrate", "clean_negatives")
+# The window trainings whose first label means "found nowhere" (no regression), and the aggregations that read so.
+FIRST_LABEL_TRAINING, FOUND_SOMEWHERE = ("each_then_calibrate", "clean_negatives"), ("max", "logmeanexp", "any")
 # each_then_aggregate: the aggregate stage's epochs as a share of the each-window stage's. On the needle task
 # (docs/finetuning.md) a quarter epoch of the aggregate set the each-window model's threshold.
 EACH_THEN_AGGREGATE_SHARE = 0.25
@@ -93,6 +98,10 @@ def check_window_settings(long_inputs: str, doc_stride: int, aggregation: str, t
         raise ValueError(f"--window_aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
     if training is not None and training not in WINDOW_TRAINING:
         raise ValueError(f"--window_training must be one of {', '.join(WINDOW_TRAINING)}, got {training!r}")
+    if training == "clean_negatives" and aggregation not in FOUND_SOMEWHERE:
+        raise ValueError(f"--window_training=clean_negatives takes every window of a first-label input as that label "
+                         f"('found nowhere'), which needs --window_aggregation {', '.join(FOUND_SOMEWHERE)}, "
+                         f"not {aggregation}")
     if long_inputs == "windows" and doc_stride < 1:
         raise ValueError(f"--doc_stride must be positive, got {doc_stride}")
 
