@@ -277,8 +277,8 @@ def test_slot_aggregation_is_the_runners_and_the_exports(aggregation):
     (numpy, over windows) and the export (segment ops in the graph) compute: the same numbers."""
     import tensorflow as tf
 
-    from bert_tf.runners.window_slots import aggregate_slots
     from bert_tf.runners.common import softmax
+    from bert_tf.runners.window_slots import aggregate_slots
     from bert_tf.serving.windows import aggregate
 
     rng = np.random.default_rng(4)
