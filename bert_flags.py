@@ -294,7 +294,8 @@ def define_long_input_flags():
                       "or clean_negatives (max, logmeanexp, any; the first label meaning 'found nowhere'): every "
                       "window of a first-label input trained as that label, another input's label on the aggregate "
                       "of its windows (kept in <output_dir>/clean_negatives), then that calibration. "
-                      "Default: each_then_calibrate for max and any, each for the others (measured: docs/finetuning.md).")
+                      "Default: clean_negatives for max, each_then_calibrate for any, each for the others (measured: "
+                      "docs/finetuning.md).")
 
 
 def check_long_input_flags():

@@ -126,7 +126,7 @@ def test_aggregations_and_weights():
                                [p[:, 0].prod(), *((1 - p[:, 0].prod()) * share / share.sum())], rtol=1e-6)
     with pytest.raises(ValueError, match="window aggregation 'any' needs two or more labels"):
         aggregate_windows(logits[:, :1], window_example, 2, "any")
-    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "each_then_calibrate", "logmeanexp": "each",
+    assert DEFAULT_WINDOW_TRAINING == {"mean": "each", "max": "clean_negatives", "logmeanexp": "each",
                                        "any": "each_then_calibrate", "first": "each"}
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
                                          r"each_then_calibrate, clean_negatives, got 'all'$"):
@@ -247,8 +247,12 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
                                                   window_training=training))
 
     assert [task(a).window_training for a in ("mean", "max", "logmeanexp", "any", "first")] == \
-        ["each", "each_then_calibrate", "each", "each_then_calibrate", "each"]
-    assert task("max", "each").not_packable == "" and task("max").not_packable == ""
+        ["each", "clean_negatives", "each", "each_then_calibrate", "each"]
+    assert task("max", "each").not_packable == "" and task("any").not_packable == ""
+    assert task("max", "each_then_calibrate").not_packable == ""
+    assert task("max").not_packable == ("--window_training=clean_negatives keeps each input's windows together in "
+                                        "slots (--window_aggregation=max's default; --window_training="
+                                        "each_then_calibrate packs)")
     assert task("mean", "aggregate").not_packable.startswith("--window_training=aggregate keeps each input's")
     assert task("any", "each_then_aggregate").not_packable.startswith(
         "--window_training=each_then_aggregate keeps each input's")
@@ -447,8 +451,8 @@ def _long_task_split(rng, n):
 
 @pytest.fixture(scope="module")
 def windows_model(tiny_model, tmp_path_factory):
-    """A classifier trained with --long_inputs=windows (max aggregation, by default each window alone with its
-    document's label, then calibrated) on the long-document task: (data dir, model dir, dev accuracy)."""
+    """A classifier trained with --long_inputs=windows (max aggregation, by default clean negatives, then
+    calibrated) on the long-document task: (data dir, model dir, dev accuracy)."""
     rng = np.random.default_rng(7)
     data = tmp_path_factory.mktemp("long_task")
     _write_split(data / "train.tsv", _long_task_split(rng, 256))
@@ -622,7 +626,8 @@ def test_label_past_the_first_window_is_chance_truncated_and_learned_with_window
     document) it learns the task; the same model read through its first window only is at chance again.
     Measured with each window alone: truncate 0.48-0.53, windows 0.88-1.00 (0.89-1.00 with the mean), first
     window 0.47-0.56 over data seeds 1-4 and 7. Trained on the aggregate of the max instead: 1.00 at seeds 2, 3
-    and 7, 0.50 at 1 and 4. Each window then calibrated (max's default now): 1.00 at seed 7."""
+    and 7, 0.50 at 1 and 4. Each window then calibrated: 1.00 at seed 7; clean negatives (max's default now):
+    1.00 at seed 7."""
     data, out, windows_accuracy = windows_model
     accuracy = {"windows": windows_accuracy}
     results = _run(tiny_model, data, tmp_path / "truncate", do_train=True, do_eval=True, num_train_epochs=20)
@@ -690,7 +695,7 @@ def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unch
         info = json.loads((out / "bert_tf_info.json").read_text())
         assert (info["long_inputs"], info["doc_stride"], info["window_aggregation"]) == ("windows", 6, aggregation)
         # how the model was trained (max's default), kept by evaluation-only runs
-        assert info["window_training"] == "each_then_calibrate"
+        assert info["window_training"] == "clean_negatives"
 
 
 def test_windows_pack_like_any_examples(tokenizer):

@@ -143,7 +143,8 @@ class ClassifierTask(FinetuneTask):
         self.recorded_training = recorded_training or self.window_training
         if self.window_training in ("aggregate", "each_then_aggregate", "clean_negatives"):
             self.not_packable = (f"--window_training={self.window_training} keeps each input's windows together "
-                                 "in slots")
+                                 "in slots" + ("" if cfg.window_training else f" (--window_aggregation="
+                                 f"{cfg.window_aggregation}'s default; --window_training=each_then_calibrate packs)"))
         self._train: Optional[Featurized] = None  # the train split, featurized once
         self.spec = cfg.task
         self.task_type = "regression" if self.spec.is_regression else "classification"
