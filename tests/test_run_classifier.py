@@ -173,25 +173,27 @@ def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, ext
     assert not (out / "eval_results.txt").exists()
 
 
-def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(tiny_model, tmp_path):
-    """Long inputs in two stages (any's default, each_then_calibrate; each_then_aggregate shares the check): a
-    missing test file with --do_predict, or a bad dev file with --do_eval, is one line at the start, not an
-    error after the each-window stage has trained."""
+@pytest.mark.parametrize("aggregation", ["any", "max"])
+def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(tiny_model, tmp_path, aggregation):
+    """Long inputs in two stages (any's default each_then_calibrate, max's clean_negatives; each_then_aggregate
+    shares the check): a missing test file with --do_predict, or a bad dev file with --do_eval, is one line at
+    the start, not an error after the first stage has trained."""
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train.tsv", "dev.tsv"):
         (data / name).write_text((DATA / name).read_text(encoding="utf-8"), encoding="utf-8")
     out = tmp_path / "out"
     args = [*user_task_args(tiny_model, out, "--do_train"), f"--data_dir={data}", "--long_inputs=windows",
-            "--window_aggregation=any"]
+            f"--window_aggregation={aggregation}"]
+    first = out / {"any": "each_window", "max": "clean_negatives"}[aggregation]
     result = run_classifier(*args, "--do_predict")
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and last == f"error: {data / 'test.tsv'}: cannot read file (No such file or directory)", result.stderr[-2000:]
-    assert not (out / "each_window").exists() and "stage 1 of 2" not in result.stderr
+    assert not first.exists() and "stage 1 of 2" not in result.stderr
     (data / "dev.tsv").write_text("id\tsentence\tlabel\n0\tthe cat\tmaybe\n", encoding="utf-8")
     result = run_classifier(*args, "--do_eval")
     assert result.returncode != 0 and "unknown label 'maybe'" in result.stderr.strip().splitlines()[-1]
-    assert not (out / "each_window").exists()
+    assert not first.exists()
 
 
 def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model, tmp_path):
