@@ -250,6 +250,12 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
         ["each", "clean_negatives", "each", "each_then_calibrate", "each"]
     assert task("max", "each").not_packable == "" and task("any").not_packable == ""
     assert task("max", "each_then_calibrate").not_packable == ""
+    # what the run's summary says of the default trainings
+    assert task("max").summary()["long inputs"] == (
+        "windows every 8 word pieces, every window of a 'no' input trained as 'no', another input's aggregate "
+        "(clean_negatives/), then calibrated; max of their logits per input")
+    assert task("any").summary()["long inputs"] == ("windows every 8 word pieces, each weighted 1/windows of its "
+                                                    "input (each_window/), then calibrated; any of their logits per input")
     assert task("max").not_packable == ("--window_training=clean_negatives keeps each input's windows together in "
                                         "slots (--window_aggregation=max's default; --window_training="
                                         "each_then_calibrate packs)")

@@ -271,11 +271,14 @@ class ClassifierTask(FinetuneTask):
         summary = {"task": self.spec.name, "labels": ", ".join(self.spec.labels or ["(regression)"]),
                    "reads": "the mean of the last layer's tokens" if self.pooling == "mean" else "the pooler at [CLS]"}
         if self.windows:
-            training = ("each weighted 1/windows of its input" if self.window_training == "each" else
-                        f"every window of a {self.spec.labels[0]!r} input as {self.spec.labels[0]!r}, another "
-                        "input's aggregate (clean negatives)" if self.window_training == "clean_negatives" else
-                        "trained on their aggregate, an input's windows in one row of slots")
-            if self.recorded_training == "each_then_aggregate":
+            first = repr(self.spec.labels[0]) if self.spec.labels else "the first label"
+            each, slots = "each weighted 1/windows of its input", "an input's windows in one row of slots"
+            training = {"each": each, "aggregate": f"trained on their aggregate, {slots}",
+                        "each_then_calibrate": f"{each} ({EACH_WINDOW_DIR}/), then calibrated",
+                        "each_then_aggregate": f"{each} ({EACH_WINDOW_DIR}/), then their aggregate",
+                        "clean_negatives": f"every window of a {first} input trained as {first}, another input's "
+                                           f"aggregate ({CLEAN_NEGATIVES_DIR}/), then calibrated"}[self.window_training]
+            if self.window_training == "aggregate" and self.recorded_training == "each_then_aggregate":
                 training += f", from the model trained on each window ({EACH_WINDOW_DIR}/)"
             summary["long inputs"] = (f"windows every {self.cfg.doc_stride} word pieces, {training}; "
                                       f"{self.cfg.window_aggregation} of their logits per input")
