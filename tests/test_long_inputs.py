@@ -50,10 +50,11 @@ def _write_split(path, rows, with_label=True):
     path.write_text("\n".join(lines) + "\n")
 
 
-def _run(tiny_model, data_dir, out, learning_rate=1e-3, **kw):
+def _run(tiny_model, data_dir, out, learning_rate=1e-3, labels=("no", "yes"), **kw):
+    """run_classifier's library on a user task (labels: () reads them from train.tsv, as without --labels)."""
     from bert_tf.runners.classifier import ClassifierRunConfig, run
 
-    task = glue.user_task("text", "label", labels=["no", "yes"], index="id")
+    task = glue.user_task("text", "label", labels=list(labels), index="id")
     cfg = ClassifierRunConfig(task=task, data_dir=str(data_dir), output_dir=str(out),
                               run=_settings(tiny_model, learning_rate),
                               max_seq_length=SEQ, train_batch_size=16, eval_batch_size=8, predict_batch_size=8,
@@ -493,7 +494,7 @@ def test_a_fresh_head_trained_on_the_any_aggregate_starts_at_the_datas_share(tin
         assert want[0] == pytest.approx(np.log(share ** (1 / 3) / (1 - share ** (1 / 3))), rel=1e-5)
 
 
-def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training):
+def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training, **extra):
     """Trains 2 epochs of --window_training=`training` on 32 documents of 3 windows (16 windows a batch: 12 steps
     in the first stage) and evaluates on 8: (out, its first stage's folder, the run's keyword arguments, its
     results, its stage log lines)."""
@@ -506,7 +507,7 @@ def _two_stage_run(tiny_model, tmp_path, caplog, aggregation, training):
     _write_split(tmp_path / "dev.tsv", _long_task_split(rng, 8))
     out = tmp_path / "out"
     kw = dict(do_train=True, do_eval=True, num_train_epochs=2, long_inputs="windows", doc_stride=ROOM,
-              window_aggregation=aggregation, window_training=training)
+              window_aggregation=aggregation, window_training=training, **extra)
     with caplog.at_level(logging.INFO, logger="bert_tf"):
         results = _run(tiny_model, tmp_path, out, **kw)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{training}, stage")]
@@ -600,12 +601,13 @@ def test_each_then_calibrate_moves_only_the_output_layer_of_the_each_window_mode
 def test_clean_negatives_trains_in_slots_then_calibrates_in_one_resumable_run(tiny_model, tmp_path, caplog):
     """--window_training=clean_negatives: 2 epochs of documents in slots (32 documents of 3 windows, round(16 / 3)
     = 5 a batch: 12 steps) into out/clean_negatives, then that model calibrated into out at the same step; both
-    record the training; a rerun trains and calibrates nothing and scores the same."""
+    record the training; a rerun trains and calibrates nothing and scores the same. The labels are read from
+    train.tsv, as for a user task without --labels."""
     import logging
 
     import tensorflow as tf
 
-    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "clean_negatives")
+    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "clean_negatives", labels=())
     assert first.name == "clean_negatives" and not (out / "each_window").exists()
     assert lines[0] == (f"clean_negatives, stage 1 of 2: every window of a 'no' input as 'no', another input's max "
                         f"for 2 epoch(s), 5 inputs per batch (3.0 windows each) -> {first}"), lines

@@ -158,6 +158,11 @@ class ClassifierTask(FinetuneTask):
         if self.spec.labels is not None and not self.spec.labels:
             self.spec = glue.infer_labels(self.spec, self.cfg.data_dir)
 
+    def first_label(self) -> str:
+        """The first label as logs quote it (a user task without --labels: read from its training file)."""
+        self._infer_labels()
+        return repr(self.spec.labels[0])
+
     def setup(self, pretrained):
         self._infer_labels()
         self.eval_splits, self.predict_splits = self.spec.eval_splits, self.spec.test_splits
@@ -369,8 +374,10 @@ def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict
     if training == "clean_negatives":
         first = os.path.join(cfg.output_dir, CLEAN_NEGATIVES_DIR)
         stage = dataclasses.replace(cfg, output_dir=first, do_eval=False, do_predict=False, eval_every_steps=0)
-        train_in_slots(ClassifierTask(stage), stage, f"{training}, stage 1 of 2", "every window of a "
-                       f"{cfg.task.labels[0]!r} input as {cfg.task.labels[0]!r}, another input's {cfg.window_aggregation}")
+        task = ClassifierTask(stage)
+        first_label = task.first_label()
+        train_in_slots(task, stage, f"{training}, stage 1 of 2", f"every window of a {first_label} input as "
+                       f"{first_label}, another input's {cfg.window_aggregation}")
         return calibrate_and_score(cfg, first, training)
     first = train_each_window(cfg, training, "1 of 2")
     if training == "each_then_calibrate":
