@@ -141,7 +141,7 @@ class ClassifierTask(FinetuneTask):
                                     "'found nowhere'; this task is a regression")
             self.window_training = "each"  # max's default, for a task with labels
         self.recorded_training = recorded_training or self.window_training
-        if self.window_training in ("aggregate", "each_then_aggregate", "clean_negatives"):
+        if self.window_training in IN_SLOTS:
             self.not_packable = (f"--window_training={self.window_training} keeps each input's windows together "
                                  "in slots" + ("" if cfg.window_training else f" (--window_aggregation="
                                  f"{cfg.window_aggregation}'s default; --window_training=each_then_calibrate packs)"))
@@ -322,6 +322,8 @@ class ChosenWindowsTask(ClassifierTask):
         return summary
 
 
+# The window trainings that train on inputs in window slots (in some stage): not packable, no auxiliary LM.
+IN_SLOTS = ("aggregate", "each_then_aggregate", "clean_negatives")
 # The window trainings that run in two stages: the first trains each window alone into EACH_WINDOW_DIR, or
 # clean_negatives into CLEAN_NEGATIVES_DIR (both inside output_dir); the second trains or calibrates into output_dir.
 TWO_STAGES = ("each_then_aggregate", "each_then_calibrate", "clean_negatives")
@@ -331,9 +333,7 @@ EACH_WINDOW_DIR, CLEAN_NEGATIVES_DIR = "each_window", "clean_negatives"
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
     task = ClassifierTask(cfg)
-    if task.window_training in ("aggregate", "each_then_aggregate", "clean_negatives") and cfg.do_train \
-            and cfg.run is not None \
-            and cfg.run.aux_lm_weight:
+    if task.window_training in IN_SLOTS and cfg.do_train and cfg.run is not None and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training in TWO_STAGES and cfg.do_train:
         if cfg.run is not None:  # what the second stage would refuse, refused before the first trains
@@ -497,10 +497,10 @@ def window_logits(cfg: ClassifierRunConfig, task: ClassifierTask, train: Featuri
 
 def calibrate_first_label(cfg: ClassifierRunConfig, first: str, training: str = "each_then_calibrate",
                           stage: str = "2 of 2") -> None:
-    """each_then_calibrate's second stage: output_dir gets the model of `first` (the each-window stage, at its
-    last step; cfg.run.pretrained reads it) with its output layer calibrated: the first label's logit shifted and
-    every logit scaled (first_label_calibration, Platt scaling), fitted on the --window_aggregation of the windows
-    of at most CALIBRATION_INPUTS training inputs (drawn with the run's seed). Side files first, then a
+    """each_then_calibrate's and clean_negatives' second stage: output_dir gets the model of `first` (the first
+    stage, at its last step; cfg.run.pretrained reads it) with its output layer calibrated: the first label's
+    logit shifted and every logit scaled (first_label_calibration, Platt scaling), fitted on the
+    --window_aggregation of the windows of at most CALIBRATION_INPUTS training inputs (drawn with the run's seed). Side files first, then a
     checkpoint at the first stage's step; an output_dir that has one is left as it is (a rerun)."""
     out = cfg.output_dir
     if model_dir.has_checkpoint(out):
