@@ -21,17 +21,15 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from bert_tf.training.settings import CLIP_NORM, OPTIMIZERS, WEIGHT_DECAY_RATE  # noqa: F401  (their home)
+
 # docs/reference.md §4: the original's AdamWeightDecayOptimizer hyper-parameters.
 ADAM_BETA_1 = 0.9
 ADAM_BETA_2 = 0.999
 ADAM_EPSILON = 1e-6
-WEIGHT_DECAY_RATE = 0.01
-CLIP_NORM = 1.0
 # Substrings of a variable's path that exempt it from weight decay (and, for
 # LAMB, from the layer-wise trust ratio), as in the original.
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
-
-OPTIMIZERS = ("adamw", "lamb")
 
 # Variables are updated in groups of consecutive variables holding at most this many elements in
 # all (a larger variable is a group of its own), one XLA call per group: BERT-base's 206 variables
