@@ -50,7 +50,7 @@ def benchmark_module(name):
 
 def run_script_main(name, *args):
     """A top-level absl script's main with these flags, in this process: its exit code. The process-wide
-    XLA cache setting a script makes (bert_flags.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
+    XLA cache setting a script makes (bert_setup.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
     later tests' subprocesses do not inherit a cache in this test's folder."""
     xla_flags = os.environ.get("TF_XLA_FLAGS")
     with imported_script(name) as script:

@@ -82,10 +82,8 @@ class PretrainingConfig:
         return OBJECTIVES[self.objective][2]
 
     def validate(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
-        if not self.do_train and not self.do_eval:
-            raise PretrainingError("at least one of do_train or do_eval must be True")
+        """One-line PretrainingErrors for a config no run can use: check_values(), then the model's fit."""
+        self.check_values()
         if self.vocab_file:
             try:
                 check_vocab_fits(self.vocab_file, self.bert_config.vocab_size, self.init_checkpoint)
@@ -96,6 +94,13 @@ class PretrainingConfig:
                 f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
                 f"{self.bert_config.max_position_embeddings}"
             )
+
+    def check_values(self) -> None:
+        """The checks that need no model config (the gate's, before a --init_checkpoint is read)."""
+        if self.objective not in OBJECTIVES:
+            raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
+        if not self.do_train and not self.do_eval:
+            raise PretrainingError("at least one of do_train or do_eval must be True")
         if self.max_predictions_per_seq <= 0 or self.max_predictions_per_seq > self.max_seq_length:
             raise PretrainingError(
                 f"max_predictions_per_seq must be in [1, max_seq_length={self.max_seq_length}], "

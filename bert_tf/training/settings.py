@@ -42,7 +42,7 @@ class TrainSettings:
     jit_compile: bool = False
     # The whole step (forward, loss, gradients, clipping, optimizer update) as one XLA program rather
     # than the gradient step and the update apart (step.py TrainStep whole_step): one device, with
-    # jit_compile; the scripts' default on one GPU (bert_flags.use_whole_step; 1.10x on an H200).
+    # jit_compile; the scripts' default on one GPU (bert_setup.use_whole_step; 1.10x on an H200).
     compile_whole_step: bool = False
     # Clock each step's wait for its batch (speed/input_wait_* in TensorBoard). The clock orders the host
     # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
