@@ -171,14 +171,6 @@ def test_float16_loss_scaling_trains(tmp_path):
     assert any(n.startswith("loss_scale/scale") for n in names)
 
 
-def test_bad_config_is_one_line():
-    with pytest.raises(ValueError, match=r"train_batch_size 10 must be a positive multiple of replicas \(1\) x "
-                       r"gradient_accumulation_steps \(4\)"):
-        loop.TrainSettings(gradient_accumulation_steps=4).validate(1, train_steps=1, global_batch_size=10)
-    with pytest.raises(ValueError, match="mixed_precision must be one of float32, bfloat16, float16"):
-        loop.TrainSettings(mixed_precision="fp8").validate(1, train_steps=1, global_batch_size=8)
-
-
 class _Headed(tf.keras.Model):
     """The toy model with a task model's `head` attribute (what TrainSettings.head_learning_rate reaches)."""
 
@@ -215,8 +207,6 @@ def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
     assert trainer.hparams()["head_learning_rate"] == pytest.approx(head_learning_rate or 0.01)
     trainer.train(dataset_fn)  # noqa: F821
     assert int(trainer.global_step) == 6
-    with pytest.raises(ValueError, match="head_learning_rate must be positive, got 0.0"):
-        loop.TrainSettings(head_learning_rate=0.0).validate(1, train_steps=1, global_batch_size=8)
 
 
 def test_strategy_errors_are_one_line(monkeypatch):
