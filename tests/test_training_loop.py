@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf.training import loop
+from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,7 +195,7 @@ def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
     settings = loop.TrainSettings(learning_rate=0.01, head_learning_rate=head_learning_rate, iterations_per_loop=3,
                                   save_checkpoints_steps=6)
     trainer = loop.Trainer(strategy_lib.get_strategy("one_device"), settings, _Headed, loss_fn,  # noqa: F821
-                           settings.optimizer_fn(6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)
+                           optimizer_lib.optimizer_fn(settings, 6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)
     paths = [v.path for v in trainer.model.trainable_variables]
     scales = dict(zip(paths, trainer.optimizer._lr_scales, strict=True))
     if head_learning_rate is None:

@@ -437,3 +437,20 @@ def _named(fn, name: str):
     into profiles (a partial's would be 'function'), so a trace's kernels say they are the update's."""
     fn.__name__ = name
     return fn
+
+
+def optimizer_fn(settings, train_steps: int, warmup_steps: int) -> Callable:
+    """(trainable variables, head variables) -> the optimizer `settings` (a TrainSettings) asks for: warmup then
+    linear decay to 0 at `train_steps`; the head's variables (a subset, matched by path) at its
+    head_learning_rate when set."""
+
+    def make(variables, head_variables=()):
+        scales = None
+        if settings.head_learning_rate is not None and head_variables:
+            head = {variable_path(v) for v in head_variables}
+            factor = settings.head_learning_rate / settings.learning_rate
+            scales = [factor if variable_path(v) in head else 1.0 for v in variables]
+        return create_optimizer(settings.optimizer, variables, settings.learning_rate, train_steps, warmup_steps,
+                                weight_decay_rate=settings.weight_decay_rate, learning_rate_scales=scales)
+
+    return make

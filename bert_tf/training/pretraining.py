@@ -47,6 +47,7 @@ from bert_tf.models.language_model import LeftToRightPretrainer
 from bert_tf.models.pretrainer import BertPretrainer
 from bert_tf.tokenization import VocabError, load_vocab
 from bert_tf.training import loop
+from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 from bert_tf.training.pretraining_config import (  # noqa: F401  (their home: checked before TensorFlow loads)
     DEFAULT_MASKED_LM_PROB,
@@ -187,7 +188,7 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
                               skip_padding=not settings.jit_compile)  # XLA: no per-batch row count
 
     return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
-                        settings.optimizer_fn(config.num_train_steps, config.num_warmup_steps),
+                        optimizer_lib.optimizer_fn(settings, config.num_train_steps, config.num_warmup_steps),
                         init_fn=_init_fn(config), model_dir=config.output_dir,
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 

@@ -8,7 +8,7 @@ weight decay and clip norm (docs/reference.md §4).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 # docs/reference.md §4: the original's AdamWeightDecayOptimizer hyper-parameters (with
 # bert_tf/training/optimizer.py's betas and epsilon).
@@ -100,24 +100,6 @@ class TrainSettings:
     def set_seed(self) -> None:
         """Seeds Python, numpy and Keras (initialisation, dropout) when `seed` is set."""
         if self.seed is not None:
-            import keras
+            import keras  # (here: settings are checked without TensorFlow)
 
             keras.utils.set_random_seed(self.seed)
-
-    def optimizer_fn(self, train_steps: int, warmup_steps: int) -> Callable:
-        """(trainable variables, head variables) -> the optimizer: warmup then linear decay to 0 at
-        `train_steps`; the head's variables (a subset, matched by path) at head_learning_rate when set."""
-
-        from bert_tf.training import optimizer as optimizer_lib
-
-        def make(variables, head_variables=()):
-            scales = None
-            if self.head_learning_rate is not None and head_variables:
-                head = {optimizer_lib.variable_path(v) for v in head_variables}
-                factor = self.head_learning_rate / self.learning_rate
-                scales = [factor if optimizer_lib.variable_path(v) in head else 1.0 for v in variables]
-            return optimizer_lib.create_optimizer(self.optimizer, variables, self.learning_rate, train_steps,
-                                                  warmup_steps, weight_decay_rate=self.weight_decay_rate,
-                                                  learning_rate_scales=scales)
-
-        return make
