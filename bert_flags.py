@@ -1,4 +1,10 @@
-"""Flags shared by the top-level scripts: one home for each, so every runner spells them alike.
+"""Flags shared by the top-level scripts, and the gate: their settings built and checked before TensorFlow.
+
+Every script: parse its flags -> build and check its settings here (values, conflicts, required
+flags, files that must exist), a bad one ending the process in one `error:` line -> only then
+bert_setup.py (logging, XLA flags, TensorFlow, the strategy) -> the run. Nothing in this module
+imports TensorFlow (tests/test_gate.py holds it to that); a check that needs it (a gs:// path, the
+replicas of the strategy, a checkpoint's format) stays after set-up and says so.
 
 The original's names and meanings are kept (`use_tpu`, `tpu_name`,
 `iterations_per_loop`, ...); the additions follow its style. Only the
@@ -12,6 +18,7 @@ import sys
 from absl import flags
 
 import bert_tf  # noqa: F401  (first, before TensorFlow: quiet start-up, bert_tf/console.py)
+from bert_tf import fileio
 
 FLAGS = flags.FLAGS
 
@@ -68,65 +75,31 @@ def profile_steps():
     return first, last
 
 
-def train_settings(strategy=None):
-    """The TrainSettings (bert_tf.training.loop) the shared training flags describe.
+def train_settings():
+    """The TrainSettings (bert_tf/training/settings.py) the shared training flags describe, checked: a one-line
+    exit for a value no run can use. XLA is off here; bert_setup.train_settings_for decides it once the
+    strategy exists (the default depends on the devices TensorFlow finds)."""
+    from bert_tf.training.settings import TrainSettings
 
-    XLA follows use_jit once the strategy exists; without one (checking the flags before the
-    strategy is built) it is off."""
-    from bert_tf.training.loop import TrainSettings
-
-    jit = use_jit(strategy) if strategy is not None else False
-    return TrainSettings(
+    settings = TrainSettings(
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, weight_decay_rate=FLAGS.weight_decay_rate,
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
-        jit_compile=jit, compile_whole_step=use_whole_step(strategy, jit) if strategy is not None else False,
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps(),
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
+    try:
+        settings.check()
+    except ValueError as e:
+        fail(str(e))
+    strategy_name()  # --use_tpu against --distribution_strategy
+    if FLAGS.compile_whole_step and FLAGS.jit_compile is False:
+        fail(COMPILE_WHOLE_STEP_NEEDS_JIT)
+    return settings
 
 
-def use_gpu_xla_flags():
-    """XLA's GPU flags that the scripts set by default (bert_tf/training/xla_gpu.py), where the CUDA driver
-    sees a GPU and --jit_compile is not false; like the cache, before anything starts TensorFlow's runtime.
-    Returns the flags added."""
-    from bert_tf.training import xla_cache, xla_gpu
-
-    if "jit_compile" not in FLAGS or FLAGS.jit_compile is False or xla_cache.cuda_device_count() == 0:
-        return []
-    return xla_gpu.apply_gpu_defaults()
-
-
-def use_whole_step(strategy, jit: bool) -> bool:
-    """--compile_whole_step, or by default on where the step is XLA-compiled (`jit`: use_jit) on one GPU
-    (benchmarks/RESULTS.md, "Pretraining on a GPU": 1.10x on an H200); a one-line exit where it cannot apply."""
-    replicas = strategy.num_replicas_in_sync
-    chosen = FLAGS.compile_whole_step if "compile_whole_step" in FLAGS else None
-    if chosen is None:
-        import tensorflow as tf
-
-        return jit and replicas == 1 and strategy_name() != "tpu" and bool(tf.config.list_logical_devices("GPU"))
-    if chosen and not jit:
-        fail("--compile_whole_step compiles the step with XLA: it needs --jit_compile (off by default on CPU)")
-    if chosen and replicas != 1:
-        fail(f"--compile_whole_step runs on one device, not {replicas} replicas: drop it, or use "
-             "--distribution_strategy=one_device")
-    return bool(chosen)
-
-
-def use_xla_cache():
-    """Points TensorFlow's persistent XLA compilation cache at --xla_cache_dir (bert_tf/training/xla_cache.py)
-    in scripts that have the flag: a process-wide setting that TensorFlow reads once, when its runtime
-    starts (its first op or device listing), so setup_logging makes it before anything else. Whether
-    the step will be XLA-compiled is judged from the flags, not asked of TensorFlow (that would start
-    its runtime). Returns the directory in effect, None for none."""
-    from bert_tf.training import xla_cache
-
-    if "xla_cache_dir" not in FLAGS:
-        return xla_cache.current()
-    jit_compile = xla_cache.compiles_by_default(FLAGS.jit_compile, strategy_name() == "tpu")
-    directory = xla_cache.cache_dir(FLAGS.xla_cache_dir, FLAGS.output_dir, jit_compile)
-    return xla_cache.enable(directory) if directory else xla_cache.current()
+COMPILE_WHOLE_STEP_NEEDS_JIT = ("--compile_whole_step compiles the step with XLA: it needs --jit_compile (off by "
+                                "default on CPU)")
 
 
 def strategy_name() -> str:
@@ -140,42 +113,11 @@ def strategy_name() -> str:
 _HARD_EXIT = False
 
 
-def make_strategy():
-    """The tf.distribute strategy the flags ask for; a one-line exit when it cannot be built.
-
-    Every training script starts here, so this is also where the training process gets its one
-    process-wide setting: glibc's malloc keeps freed memory (bert_tf/training/memory.py; no page
-    faults per step). The library itself never changes it."""
-    from bert_tf.training.memory import retain_freed_memory
-    from bert_tf.training.strategy import StrategyError, get_strategy
-
-    retain_freed_memory()
-
+def exit_hard_from_now(on: bool = True) -> None:
+    """From now on a failure ends the process with os._exit (bert_setup: a multi-worker strategy, or after
+    an out-of-device-memory error)."""
     global _HARD_EXIT
-    _HARD_EXIT = strategy_name() == "multi_worker"
-    try:
-        return get_strategy(strategy_name(), tpu=FLAGS.tpu_name or FLAGS.master, tpu_zone=FLAGS.tpu_zone,
-                            gcp_project=FLAGS.gcp_project)
-    except StrategyError as e:
-        fail(str(e))
-
-
-def use_jit(strategy) -> bool:
-    """--jit_compile, or by default XLA on TPU/GPU and not on CPU (docs/design.md: it does not pay on CPU)."""
-    if FLAGS.jit_compile is not None:
-        return FLAGS.jit_compile
-    import tensorflow as tf
-
-    return strategy_name() == "tpu" or bool(tf.config.list_logical_devices("GPU"))
-
-
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would report
-
-
-def exit_preempted(error):
-    """After SIGTERM the Trainer saved a checkpoint (TrainingPreempted): say so and exit 143."""
-    logging.getLogger("bert_tf").warning(str(error))
-    _exit(EXIT_PREEMPTED)
+    _HARD_EXIT = _HARD_EXIT or on
 
 
 def _exit(code):
@@ -193,66 +135,6 @@ def fail(message: str):
     """Exits with one line naming the problem (the house rule for bad input): `error: <message>` on stderr,
     once (not also as a log line)."""
     _exit(f"error: {message}")
-
-
-def fail_with(error: Exception):
-    """fail(str(error)); after an out-of-device-memory error the process ends at once (os._exit, output
-    flushed): TensorFlow's own teardown can crash then (seen on CPU: a double free while collecting garbage
-    after a failed allocation inside the XLA-compiled whole step)."""
-    from bert_tf.training.device_memory import OutOfDeviceMemory
-
-    global _HARD_EXIT
-    _HARD_EXIT = _HARD_EXIT or isinstance(error, OutOfDeviceMemory)
-    fail(str(error))
-
-
-def setup_logging():
-    """The start of every runner: the XLA cache set (before anything starts TensorFlow's runtime), log
-    lines with times, then every remote path flag checked."""
-    use_xla_cache()
-    use_gpu_xla_flags()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S", force=True)
-    import tensorflow as tf
-
-    tf.get_logger().setLevel("ERROR")
-    check_remote_path_flags()
-
-
-def remote_path_flags():
-    """(flag name, path) for every remote path (gs://, ...) given in a string flag; lists split on commas."""
-    from bert_tf import fileio
-
-    found = {}
-    for name, flag in sorted(FLAGS._flags().items()):
-        value = flag.value
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for item in values:
-            if not isinstance(item, str):
-                continue
-            for path in (p.strip() for p in item.split(",")):
-                if fileio.is_remote(path) and fileio.scheme(path) not in fileio.NON_FILE_SCHEMES:
-                    found.setdefault(path, name)
-    return [(name, path) for path, name in found.items()]
-
-
-def remote_path_problem():
-    """'--flag=<path>: why' for the first remote path in the flags that cannot be reached or read; else None."""
-    from bert_tf import fileio
-
-    for name, path in remote_path_flags():
-        try:
-            fileio.check_remote(path)
-        except fileio.RemotePathError as e:
-            return f"--{name}={e}"
-    return None
-
-
-def check_remote_path_flags():
-    """A one-line exit when a remote path in the flags cannot be reached or read (before any work)."""
-    problem = remote_path_problem()
-    if problem:
-        fail(problem)
 
 
 def define_packing_flags(unit: str, default_constant: str, note: str = ""):
@@ -314,16 +196,21 @@ def define_overwrite_flag():
                       "with a different model or task is refused).")
 
 
-def overwrite_output_dir_if_asked(protected=()):
-    """--overwrite_output_dir: clears the previous run from --output_dir (never a path in `protected`)."""
-    import os  # (local: this helper does not rely on the module's imports)
-
+def check_overwrite_protected(protected=()):
+    """The gate's half of --overwrite_output_dir: it would never delete a path in `protected` (an input)."""
     if not FLAGS.overwrite_output_dir or not FLAGS.output_dir:
         return
     out = os.path.abspath(FLAGS.output_dir)
     for path in (p.strip() for paths in protected if paths for p in paths.split(",")):
         if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
             fail(f"--overwrite_output_dir would delete {path} (inside --output_dir {FLAGS.output_dir})")
+
+
+def overwrite_output_dir_if_asked():
+    """--overwrite_output_dir: clears the previous run from --output_dir (after the gate and set-up;
+    check_overwrite_protected ran in the gate)."""
+    if not FLAGS.overwrite_output_dir or not FLAGS.output_dir:
+        return
     from bert_tf.model_dir import clear_model_dir
 
     clear_model_dir(FLAGS.output_dir)
@@ -378,83 +265,31 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     define_optimizer_flags(learning_rate)
 
 
-def finetune_settings():
-    """Resolves the pretrained model and builds the RunSettings the fine-tuning flags describe."""
-    from bert_tf.configs import ConfigError
-    from bert_tf.pretrained import FinetuneError, check_lower_case, resolve_pretrained
-    from bert_tf.runners.settings import RunSettings
-    from bert_tf.tokenization import VocabError
-
+def check_finetune_flags():
+    """The gate of every fine-tuning script: the shared flags checked before TensorFlow loads. Returns the
+    checked TrainSettings (XLA still to decide: bert_setup.finetune_settings)."""
     if not FLAGS.output_dir:
         fail("--output_dir is required")
-    _check_export_dir()  # before hours of training, not after
-    try:  # a checkpoint, config and vocab that do not go together fail before --overwrite_output_dir clears
-        pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
-        check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
-    except (FinetuneError, ConfigError, VocabError, ValueError) as e:
-        fail(str(e))
-    overwrite_output_dir_if_asked(protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))
-    strategy = make_strategy()
+    problem = fileio.export_dir_problem(FLAGS.export_dir, "--export_dir", "pass a new folder (e.g. the next "
+                                        "version number)")  # before hours of training, not after
+    if problem:
+        fail(problem)
     if FLAGS.pack_sequences and FLAGS.dynamic_padding:
         fail("--dynamic_padding and --pack_sequences cannot be combined: packed rows have one fixed length")
     if FLAGS.length_buckets and (FLAGS.pack_sequences or FLAGS.dynamic_padding):
         fail("--length_buckets cannot be combined with --pack_sequences or --dynamic_padding: each shapes the "
              "batches its own way")
-    train = train_settings(strategy)
-    dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
-        strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences and not FLAGS.length_buckets)
-    packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}
-    return RunSettings(pretrained=pretrained, strategy=strategy, train=train, dynamic_padding=dynamic,
-                       length_buckets=length_buckets(train.jit_compile, dynamic),
-                       aux_lm_weight=FLAGS.aux_lm_weight, pack_sequences=FLAGS.pack_sequences, **packing)
+    if FLAGS.max_sequences_per_row is not None and FLAGS.max_sequences_per_row < 1:
+        fail(f"max_sequences_per_row must be >= 1, got {FLAGS.max_sequences_per_row}")
+    if FLAGS.bert_config_file and not fileio.is_remote(FLAGS.bert_config_file):
+        from bert_tf.configs import BertConfig, ConfigError
 
-
-def length_buckets(jit_compile: bool, dynamic_padding: bool) -> int:
-    """--length_buckets, or by default a few static lengths under XLA (GPU, or CPU with --jit_compile) where
-    no other shaping is asked for. Not on TPU by default: a TPU step needs one shape on every core, and no
-    TPU was at hand to check bucketed input on."""
-    if FLAGS.length_buckets is not None:
-        return FLAGS.length_buckets
-    if not jit_compile or dynamic_padding or FLAGS.pack_sequences or strategy_name() == "tpu":
-        return 0
-    from bert_tf.runners.shapes import DEFAULT_LENGTH_BUCKETS
-
-    return DEFAULT_LENGTH_BUCKETS
-
-
-def _check_export_dir():
-    """--export_dir must be new or empty: an export never replaces one a server may be reading."""
-    from bert_tf import fileio
-
-    path = FLAGS.export_dir
-    if not path or not fileio.exists(path):
-        return
-    if fileio.is_remote(path):
-        import tensorflow as tf
-
-        isdir, listdir = tf.io.gfile.isdir, tf.io.gfile.listdir
-    else:
-        isdir, listdir = os.path.isdir, os.listdir
-    if not isdir(path):
-        fail(f"{path}: --export_dir exists and is not a directory")
-    if listdir(path):
-        fail(f"{path}: --export_dir exists and is not empty; pass a new folder (e.g. the next version number)")
-
-
-def export_if_asked(settings):
-    """--export_dir: exports the fine-tuned model in --output_dir at the end of a run (the chief only)."""
-    if not FLAGS.export_dir:
-        return
-    from bert_tf.export import ExportError, export_model_dir
-    from bert_tf.training.strategy import is_chief
-
-    if not is_chief(settings.strategy):
-        return
-    try:
-        out = export_model_dir(FLAGS.output_dir, FLAGS.export_dir)
-    except ExportError as e:
-        fail(str(e))
-    logging.getLogger("bert_tf").info("exported the fine-tuned model as a SavedModel: %s", out)
+        try:
+            BertConfig.from_json_file(FLAGS.bert_config_file)
+        except ConfigError as e:
+            fail(str(e))
+    check_overwrite_protected((FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))
+    return train_settings()
 
 
 def finetune_config_kwargs(settings) -> dict:
@@ -465,25 +300,6 @@ def finetune_config_kwargs(settings) -> dict:
         do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size,
         predict_batch_size=FLAGS.predict_batch_size, num_train_epochs=FLAGS.num_train_epochs,
         warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps)
-
-
-def run_and_report(run_fn, cfg, settings) -> None:
-    """Runs a fine-tuning `run(cfg)`: one-line errors, SIGTERM exit, --export_dir, the original's eval printout."""
-    from bert_tf.pretrained import FinetuneError
-    from bert_tf.tasks import TaskDataError
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
-
-    try:
-        results = run_fn(cfg)
-    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        fail_with(e)
-    except TrainingPreempted as e:
-        exit_preempted(e)
-    export_if_asked(settings)
-    for split, split_results in results.items():
-        print(f"***** Eval results ({split}) *****")
-        for key in sorted(split_results):
-            print(f"  {key} = {split_results[key]}")
 
 
 # ------------------------------------------------------------------ Apache Beam (README "Beyond one machine")

@@ -24,6 +24,7 @@ import sys
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_tf.data import pretraining_job, text_input
 
 FLAGS = flags.FLAGS
@@ -63,8 +64,8 @@ bert_flags.define_beam_flags()
 def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     beam_args = bert_flags.beam_args(argv, "create_pretraining_data.py")
-    problem = bert_flags.remote_path_problem()  # gs:// input, vocab or output that cannot be reached
-    if not problem and FLAGS.masking == "dynamic":
+    problem = None  # the gate: flags checked before anything loads TensorFlow
+    if FLAGS.masking == "dynamic":
         # Flags that only shape written masks: with dynamic masking run_pretraining.py takes them.
         given = [f"--{name}" for name, used in (("dupe_factor", FLAGS.dupe_factor > 1),
                                                  ("do_whole_word_mask", FLAGS.do_whole_word_mask),
@@ -73,6 +74,8 @@ def main(argv):
         if given:
             problem = (f"{', '.join(given)}: --masking=dynamic writes one copy without masks; run_pretraining.py "
                        "draws them (it takes --do_whole_word_mask and --masked_lm_prob)")
+    # gs:// input, vocab or output that cannot be reached (TensorFlow's file system, for remote paths only)
+    problem = problem or bert_setup.remote_path_problem()
     if problem:
         sys.exit(f"create_pretraining_data.py: error: {problem}")
     config = pretraining_job.PretrainingDataConfig(

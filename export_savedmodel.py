@@ -63,16 +63,24 @@ flags.mark_flag_as_required("export_dir")
 DEFAULT_ENCODER_SEQ_LENGTH = 128
 
 
+def fail(message: str):
+    print(f"export_savedmodel.py: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv):
     del argv
+    # The gate, before TensorFlow loads (the format's and int8's runtime checks need the export module).
+    if bool(FLAGS.model_dir) == bool(FLAGS.init_checkpoint):
+        fail("pass exactly one of --model_dir and --init_checkpoint")
+    if FLAGS.init_checkpoint and FLAGS.task_type not in (None, "encoder", "preprocessor"):
+        fail("--init_checkpoint exports an encoder or a preprocessor; use --model_dir for task models")
     from bert_tf import export
     from bert_tf.checkpoints import CheckpointError
     from bert_tf.configs import ConfigError
     from bert_tf.tokenization import VocabError
 
     try:
-        if bool(FLAGS.model_dir) == bool(FLAGS.init_checkpoint):
-            raise export.ExportError("pass exactly one of --model_dir and --init_checkpoint")
         if FLAGS.model_dir:
             out = export.export_model_dir(
                 FLAGS.model_dir, FLAGS.export_dir, export_type=FLAGS.task_type, max_seq_length=FLAGS.max_seq_length,
@@ -80,17 +88,13 @@ def main(argv):
                 max_answer_length=FLAGS.max_answer_length, quantize=FLAGS.quantize,
                 export_format=FLAGS.export_format, onnx_fusions=FLAGS.onnx_fusions)
         else:
-            if FLAGS.task_type not in (None, "encoder", export.PREPROCESSOR):
-                raise export.ExportError("--init_checkpoint exports an encoder or a preprocessor; use --model_dir "
-                                         "for task models")
             out = export.export_checkpoint(
                 FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case,
                 FLAGS.export_dir, FLAGS.max_seq_length or DEFAULT_ENCODER_SEQ_LENGTH, overwrite=FLAGS.overwrite,
                 quantize=FLAGS.quantize, export_type=FLAGS.task_type or "encoder",
                 export_format=FLAGS.export_format, onnx_fusions=FLAGS.onnx_fusions)
     except (export.ExportError, CheckpointError, ConfigError, VocabError) as e:
-        print(f"export_savedmodel.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail(str(e))
     kind = "ONNX export" if FLAGS.export_format == "onnx" else "SavedModel"
     print(f"wrote {kind} {out}" + (" (int8)" if FLAGS.quantize == "int8" else ""))
 

@@ -54,6 +54,14 @@ flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 def main(argv):
     beam_args = bert_flags.beam_args(argv, "extract_features.py")
+    try:  # the gate: before TensorFlow loads
+        layers = [int(x) for x in FLAGS.layers.split(",")]
+    except ValueError:
+        print(
+            f"extract_features.py: error: --layers={FLAGS.layers!r}: expected comma-separated integers", file=sys.stderr
+        )
+        sys.exit(1)
+    # (parse_layer_combination's module, bert_tf.models, imports TensorFlow: these checks come after it)
     from bert_tf import checkpoints
     from bert_tf.configs import ConfigError
     from bert_tf.feature_extraction import ExtractorSettings, read_examples, write_features
@@ -61,13 +69,6 @@ def main(argv):
     from bert_tf.pretrained import FinetuneError
     from bert_tf.tokenization import VocabError
 
-    try:
-        layers = [int(x) for x in FLAGS.layers.split(",")]
-    except ValueError:
-        print(
-            f"extract_features.py: error: --layers={FLAGS.layers!r}: expected comma-separated integers", file=sys.stderr
-        )
-        sys.exit(1)
     try:
         combination = parse_layer_combination(FLAGS.layer_combination) if FLAGS.layer_combination else None
         mix_weights = [float(w) for w in FLAGS.scalar_mix_weights] if FLAGS.scalar_mix_weights else None

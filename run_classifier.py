@@ -16,6 +16,7 @@ Longer texts than --max_seq_length: --long_inputs=windows --doc_stride=64 --wind
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_flags import FLAGS, fail
 
 flags.DEFINE_string("data_dir", None, "The folder with the task's .tsv (or .csv) files.")
@@ -39,9 +40,7 @@ bert_flags.define_finetuning_flags()
 
 
 def main(_):
-    bert_flags.setup_logging()
-    from bert_tf.runners.classifier import ClassifierRunConfig, run
-    from bert_tf.tasks import glue
+    from bert_tf.tasks import glue  # (no TensorFlow: the gate)
 
     if not FLAGS.task_name or not FLAGS.data_dir:
         fail("--task_name and --data_dir are required")
@@ -55,12 +54,17 @@ def main(_):
             task = glue.get_task(FLAGS.task_name, xnli_language=FLAGS.xnli_language)
     except ValueError as e:
         fail(str(e))
-    settings = bert_flags.finetune_settings()
+    train = bert_flags.check_finetune_flags()
+
+    bert_setup.setup_process()
+    from bert_tf.runners.classifier import ClassifierRunConfig, run
+
+    settings = bert_setup.finetune_settings(train)
     cfg = ClassifierRunConfig(
         task=task, data_dir=FLAGS.data_dir, long_inputs=FLAGS.long_inputs, doc_stride=FLAGS.doc_stride,
         window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, pooling=FLAGS.pooling,
         **bert_flags.finetune_config_kwargs(settings))
-    bert_flags.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(run, cfg, settings)
 
 
 if __name__ == "__main__":

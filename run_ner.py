@@ -17,6 +17,7 @@ conlleval's semantics) and the dev/test files with the predicted tag appended
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_flags import FLAGS, fail
 
 flags.DEFINE_string("data_dir", None, "The folder with train.txt, valid.txt (or dev.txt) and test.txt.")
@@ -34,20 +35,23 @@ bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=5e-5, train
 
 
 def main(_):
-    bert_flags.setup_logging()
-    from bert_tf.runners.ner import NerRunConfig, run
-    from bert_tf.tasks.conll import CONLL2003_LABELS
+    from bert_tf.tasks.conll import CONLL2003_LABELS  # (no TensorFlow: the gate)
 
     if not FLAGS.data_dir:
         fail("--data_dir is required")
     labels = FLAGS.labels
     if labels and [label.lower() for label in labels] == ["conll2003"]:
         labels = CONLL2003_LABELS
-    settings = bert_flags.finetune_settings()
+    train = bert_flags.check_finetune_flags()
+
+    bert_setup.setup_process()
+    from bert_tf.runners.ner import NerRunConfig, run
+
+    settings = bert_setup.finetune_settings(train)
     cfg = NerRunConfig(
         data_dir=FLAGS.data_dir, labels=tuple(labels) if labels else None, feature_based=FLAGS.feature_based,
         feature_layers=FLAGS.feature_layers, doc_stride=FLAGS.doc_stride, **bert_flags.finetune_config_kwargs(settings))
-    bert_flags.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(run, cfg, settings)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import dataclasses
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_flags import FLAGS, fail
 
 # --- the original's flags
@@ -83,25 +84,23 @@ flags.DEFINE_bool("do_whole_word_mask", False, "Records without masks: mask whol
 flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or truncated TFRecord data (the files are "
                   "CRC-checked first and what is skipped is logged) instead of stopping with an error.")
 
-def main(_):
-    bert_flags.setup_logging()
+def pretraining_config():
+    """The gate: the PretrainingConfig the flags describe, checked (one-line exits) before TensorFlow loads.
+
+    With --init_checkpoint the model's config, vocab and casing come from the checkpoint's folder, which is
+    read after set-up (a checkpoint's format is read with TensorFlow's checkpoint reader): the gate checks
+    the values, main() the model's fit once resolved. The input globs are expanded after set-up too (gs://
+    globs need TensorFlow's file system)."""
     from bert_tf.configs import BertConfig, ConfigError
-    from bert_tf.data.pipelines import InputDataError, expand_input_files
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
-    from bert_tf.training.pretraining import (
-        PretrainingConfig,
-        PretrainingError,
-        resolve_init_checkpoint,
-        run_pretraining,
-    )
+    from bert_tf.training.pretraining_config import PretrainingConfig, PretrainingError
 
     required = ("input_file", "output_dir") if FLAGS.init_checkpoint else ("bert_config_file", "input_file",
                                                                           "output_dir")
     for name in required:
         if not getattr(FLAGS, name):
             fail(f"--{name} is required")
-    bert_flags.overwrite_output_dir_if_asked(
-        protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.input_file))
+    bert_flags.check_overwrite_protected(
+        (FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.input_file))
     objective = FLAGS.objective
     if FLAGS["use_next_sentence_prediction"].present:
         if FLAGS["objective"].present and FLAGS.use_next_sentence_prediction != (objective == "mlm_nsp"):
@@ -109,40 +108,61 @@ def main(_):
                  f"--objective={objective}")
         if not FLAGS.use_next_sentence_prediction and objective == "mlm_nsp":
             objective = "mlm"
+    train = bert_flags.train_settings()
     try:
-        init_checkpoint, vocab_file, do_lower_case = FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case
-        if init_checkpoint:
-            bert_config, vocab_file, do_lower_case, init_checkpoint = resolve_init_checkpoint(
-                init_checkpoint, FLAGS.bert_config_file, vocab_file, do_lower_case)
-        else:
-            bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
-        input_files = expand_input_files(FLAGS.input_file)
-        eval_files = expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None
+        bert_config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
         config = PretrainingConfig(
-            bert_config=bert_config, input_files=input_files, output_dir=FLAGS.output_dir,
-            max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
-            do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, eval_input_files=eval_files,
-            init_checkpoint=init_checkpoint, train_batch_size=FLAGS.train_batch_size,
+            bert_config=bert_config, input_files=(FLAGS.input_file,),
+            output_dir=FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
+            max_predictions_per_seq=FLAGS.max_predictions_per_seq, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
+            init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
             eval_batch_size=FLAGS.eval_batch_size, num_train_steps=FLAGS.num_train_steps,
-            num_warmup_steps=FLAGS.num_warmup_steps, max_eval_steps=FLAGS.max_eval_steps,
-            train=bert_flags.train_settings(),  # XLA is decided below, once the strategy exists
-            use_next_sentence_prediction=objective == "mlm_nsp", objective=objective, vocab_file=vocab_file,
-            do_lower_case=do_lower_case, skip_corrupt_records=FLAGS.skip_corrupt_records,
-            pack_sequences=FLAGS.pack_sequences, masking=FLAGS.masking, masked_lm_prob=FLAGS.masked_lm_prob,
-            do_whole_word_mask=FLAGS.do_whole_word_mask,
-            **({"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}),
-        )
-        config.validate()
+            num_warmup_steps=FLAGS.num_warmup_steps, max_eval_steps=FLAGS.max_eval_steps, train=train,
+            objective=objective, vocab_file=FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case,
+            skip_corrupt_records=FLAGS.skip_corrupt_records, pack_sequences=FLAGS.pack_sequences,
+            masking=FLAGS.masking, masked_lm_prob=FLAGS.masked_lm_prob, do_whole_word_mask=FLAGS.do_whole_word_mask,
+            max_sequences_per_row=FLAGS.max_sequences_per_row)
+        if FLAGS.init_checkpoint:  # the model's fit waits for the checkpoint's config (main)
+            config.check_values()
+        else:
+            config.validate()
+    except (ConfigError, PretrainingError) as e:
+        fail(str(e))
+    return config
+
+
+def main(_):
+    config = pretraining_config()
+
+    bert_setup.setup_process()
+    from bert_tf.configs import ConfigError
+    from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.training.loop import TrainingError, TrainingPreempted
+    from bert_tf.training.pretraining import PretrainingError, resolve_init_checkpoint, run_pretraining
+
+    try:
+        changes = {}
+        if FLAGS.init_checkpoint:
+            bert_config, vocab_file, do_lower_case, init_checkpoint = resolve_init_checkpoint(
+                FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case)
+            changes = dict(bert_config=bert_config, vocab_file=vocab_file, do_lower_case=do_lower_case,
+                           init_checkpoint=init_checkpoint)
+        config = dataclasses.replace(
+            config, input_files=expand_input_files(FLAGS.input_file),
+            eval_input_files=expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None, **changes)
+        if changes:
+            config.validate()  # the checkpoint's config against the flags (the gate could not read it)
     except (ConfigError, InputDataError, PretrainingError) as e:
         fail(str(e))
-    strategy = bert_flags.make_strategy()
-    config = dataclasses.replace(config, train=bert_flags.train_settings(strategy))
+    bert_flags.overwrite_output_dir_if_asked()
+    strategy = bert_setup.make_strategy()
+    config = dataclasses.replace(config, train=bert_setup.train_settings_for(config.train, strategy))
     try:
         results = run_pretraining(config, strategy)
     except (InputDataError, PretrainingError, TrainingError) as e:
-        bert_flags.fail_with(e)
+        bert_setup.fail_with(e)
     except TrainingPreempted as e:
-        bert_flags.exit_preempted(e)
+        bert_setup.exit_preempted(e)
     if results:
         print("***** Eval results *****")
         for key in sorted(results):

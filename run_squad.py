@@ -16,6 +16,7 @@ it also reports the best --null_score_diff_threshold.
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_flags import FLAGS, fail
 
 flags.DEFINE_string("train_file", None, "--do_train: the SQuAD JSON to train on (train-v1.1.json, train-v2.0.json).")
@@ -38,8 +39,7 @@ def main(_):
     from bert_tf.runners.squad import SquadRunConfig, read_inputs  # no TensorFlow yet
     from bert_tf.tasks import TaskDataError
 
-    if not FLAGS.output_dir:
-        fail("--output_dir is required")
+    train = bert_flags.check_finetune_flags()
     cfg = SquadRunConfig(
         output_dir=FLAGS.output_dir, train_file=FLAGS.train_file, predict_file=FLAGS.predict_file,
         version_2_with_negative=FLAGS.version_2_with_negative, do_train=FLAGS.do_train, do_predict=FLAGS.do_predict,
@@ -57,21 +57,21 @@ def main(_):
     except (TaskDataError, ValueError) as e:
         fail(str(e))
 
-    bert_flags.setup_logging()
+    bert_setup.setup_process()
     import dataclasses
 
     from bert_tf.pretrained import FinetuneError
     from bert_tf.runners.squad import run
     from bert_tf.training.loop import TrainingError, TrainingPreempted
 
-    cfg = dataclasses.replace(cfg, run=bert_flags.finetune_settings())
+    cfg = dataclasses.replace(cfg, run=bert_setup.finetune_settings(train))
     try:
         results = run(cfg, inputs)
     except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        bert_flags.fail_with(e)
+        bert_setup.fail_with(e)
     except TrainingPreempted as e:
-        bert_flags.exit_preempted(e)
-    bert_flags.export_if_asked(cfg.run)
+        bert_setup.exit_preempted(e)
+    bert_setup.export_if_asked(cfg.run)
     for split, split_results in results.items():
         print(f"***** Eval results ({split}, SQuAD v{cfg.version}) *****")
         for key, value in split_results.items():

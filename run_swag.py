@@ -15,6 +15,7 @@ learning rate 2e-5, batch 16, 3 epochs.
 from absl import app, flags
 
 import bert_flags
+import bert_setup
 from bert_flags import FLAGS, fail
 
 flags.DEFINE_string("data_dir", None, "The folder with the SWAG train.csv, val.csv and test.csv.")
@@ -22,15 +23,17 @@ bert_flags.define_finetuning_flags(max_seq_length=128, learning_rate=2e-5, train
 
 
 def main(_):
-    bert_flags.setup_logging()
-    from bert_tf.runners.swag import SwagRunConfig, run
-
     if not FLAGS.data_dir:
         fail("--data_dir is required")
-    settings = bert_flags.finetune_settings()
+    train = bert_flags.check_finetune_flags()
+
+    bert_setup.setup_process()
+    from bert_tf.runners.swag import SwagRunConfig, run
+
+    settings = bert_setup.finetune_settings(train)
     cfg = SwagRunConfig(
         data_dir=FLAGS.data_dir, **bert_flags.finetune_config_kwargs(settings))
-    bert_flags.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(run, cfg, settings)
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.training.memory import retain_freed_memory
     from bert_tf.training.strategy import get_strategy
 
-    retain_freed_memory()  # as run_classifier.py (bert_flags.make_strategy)
+    retain_freed_memory()  # as run_classifier.py (bert_setup.make_strategy)
     config = BertConfig.named(args.size, vocab_size=VOCAB_SIZE)
     arrays = load_arrays(args.data)
     dynamic = padding in ("bucket", "dynamic")

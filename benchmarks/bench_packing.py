@@ -92,6 +92,7 @@ def _finetuning_step(args, vocab: int, xla: bool):
     from bert_tf.models import BertClassifier, BertEncoder
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import PACKED_INPUTS
+    from bert_tf.training import optimizer as optimizer_lib
     from bert_tf.training import strategy as strategy_lib
     from bert_tf.training.loop import Trainer, TrainSettings
 
@@ -116,7 +117,7 @@ def _finetuning_step(args, vocab: int, xla: bool):
                              jit_compile=xla)
     trainer = Trainer(strategy_lib.get_strategy("one_device"), settings,
                       lambda: BertClassifier(BertEncoder(config), 2, skip_padding=not xla), classification_loss,
-                      settings.optimizer_fn(10 ** 6, 10), model_dir=os.path.join(args.work_dir, args.worker),
+                      optimizer_lib.optimizer_fn(settings, 10 ** 6, 10), model_dir=os.path.join(args.work_dir, args.worker),
                       train_steps=10 ** 6, global_batch_size=args.batch_size)
     return trainer, batches
 

@@ -376,7 +376,7 @@ def run_ours(args, precision, xla, options=()):
     from bert_tf.training.pretraining import pretraining_loss_fn
     from bert_tf.training.strategy import get_strategy
 
-    retain_freed_memory()  # as run_pretraining.py (bert_flags.make_strategy)
+    retain_freed_memory()  # as run_pretraining.py (bert_setup.make_strategy)
     device = tf_device(args.device)
     layers, hidden = SIZES[args.size]
     config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))

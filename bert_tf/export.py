@@ -133,12 +133,11 @@ def _check_remote(path: str) -> None:
 
 
 def _check_export_dir(export_dir: str, overwrite: bool) -> None:
+    """The export folder rule (bert_tf.fileio.export_dir_problem); --overwrite lets a full folder be replaced."""
     _check_remote(export_dir)
-    if tf.io.gfile.exists(export_dir):
-        if not tf.io.gfile.isdir(export_dir):
-            raise ExportError(f"{export_dir}: export_dir exists and is not a directory")
-        if tf.io.gfile.listdir(export_dir) and not overwrite:
-            raise ExportError(f"{export_dir}: export_dir exists and is not empty; pass --overwrite to replace it")
+    problem = fileio.export_dir_problem(export_dir, "export_dir", "pass --overwrite to replace it", overwrite)
+    if problem:
+        raise ExportError(problem)
 
 
 def export_serving_model(

@@ -8,6 +8,7 @@ remote paths go through `tf.io.gfile`.
 import os
 import re
 import threading
+from typing import Optional
 
 # URL schemes that name servers, not files (--tpu_name=grpc://..., a hub address).
 NON_FILE_SCHEMES = ("grpc", "http", "https")
@@ -88,6 +89,26 @@ def exists(path: str) -> bool:
 
         return tf.io.gfile.exists(path)
     return os.path.exists(path)
+
+
+def export_dir_problem(path: str, name: str, replace_hint: str, overwrite: bool = False) -> Optional[str]:
+    """The rule for every export folder, one line or None: new or empty (an export never writes into
+    one a server may be reading), or full with `overwrite`. `name` is the flag, `replace_hint` what to
+    do about a full folder.
+    A local folder is checked without TensorFlow; a remote one (gs://) needs its file system."""
+    if not path or not exists(path):
+        return None
+    if is_remote(path):
+        import tensorflow as tf
+
+        isdir, listdir = tf.io.gfile.isdir, tf.io.gfile.listdir
+    else:
+        isdir, listdir = os.path.isdir, os.listdir
+    if not isdir(path):
+        return f"{path}: {name} exists and is not a directory"
+    if listdir(path) and not overwrite:
+        return f"{path}: {name} exists and is not empty; {replace_hint}"
+    return None
 
 
 def open_file(path: str, mode: str = "r"):

@@ -26,6 +26,9 @@ def imported_script(name):
 
     Two scripts defining the same flag (e.g. bert_config_file) cannot share one process otherwise.
     """
+    from absl import flags
+
+    before = set(flags.FLAGS)
     sys.path.insert(0, str(REPO))
     try:
         module = importlib.import_module(name)
@@ -34,9 +37,9 @@ def imported_script(name):
     try:
         yield module
     finally:
-        for flag in module.FLAGS.get_flags_for_module(name):
-            if flag.name in module.FLAGS:
-                delattr(module.FLAGS, flag.name)
+        # its own flags and those it defined through bert_flags' define_* functions
+        for flag_name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, flag_name)
         sys.modules.pop(name, None)
 
 
@@ -50,7 +53,7 @@ def benchmark_module(name):
 
 def run_script_main(name, *args):
     """A top-level absl script's main with these flags, in this process: its exit code. The process-wide
-    XLA cache setting a script makes (bert_flags.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
+    XLA cache setting a script makes (bert_setup.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
     later tests' subprocesses do not inherit a cache in this test's folder."""
     xla_flags = os.environ.get("TF_XLA_FLAGS")
     with imported_script(name) as script:

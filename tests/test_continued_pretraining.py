@@ -176,9 +176,9 @@ def test_data_of_another_vocab_is_one_line(setup, tmp_path):
                                     "the checkpoint's")
     other = tmp_path / "other_vocab.txt"
     vocab_builder.write_vocab(str(other), setup["base"][:350])
-    with pytest.raises(PretrainingError) as info:  # a vocab of another size than the checkpoint's
-        run_pretraining(_config(setup["config"], setup["data"]["train"], tmp_path / "b", init_checkpoint=init,
-                                vocab_file=str(other)), strategy)
+    with pytest.raises(PretrainingError) as info:  # a vocab of another size than the checkpoint's (the gate's)
+        _config(setup["config"], setup["data"]["train"], tmp_path / "b", init_checkpoint=init,
+                vocab_file=str(other)).validate()
     assert str(info.value).startswith(f"{other}: 350 tokens but {init} has vocab_size 400;")
 
 

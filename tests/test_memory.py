@@ -26,7 +26,8 @@ if sys.argv[1] == "script":  # a training script (run_*.py)
     import bert_flags
     bert_flags.define_tpu_and_strategy_flags()
     bert_flags.FLAGS(["script"])
-    bert_flags.make_strategy()
+    import bert_setup
+    bert_setup.make_strategy()
 def faults():
     return int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[7])
 counts = []

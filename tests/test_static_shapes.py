@@ -14,6 +14,7 @@ from bert_tf.models import BertClassifier, BertEncoder
 from bert_tf.runners import shapes
 from bert_tf.runners.arrays import Predictor, arrays_dataset_fn
 from bert_tf.runners.classifier import classification_loss
+from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.loop import Trainer, TrainSettings
 from bert_tf.training.strategy import get_strategy
 
@@ -99,7 +100,7 @@ def _trainer(tmp_path, name):
                              save_checkpoints_steps=10**6, seed=7)
     settings.set_seed()
     return Trainer(get_strategy("one_device"), settings, lambda: BertClassifier(BertEncoder(NO_DROPOUT), 2),
-                   classification_loss, settings.optimizer_fn(100, 2), model_dir=str(tmp_path / name),
+                   classification_loss, optimizer_lib.optimizer_fn(settings, 100, 2), model_dir=str(tmp_path / name),
                    train_steps=9, global_batch_size=BATCH, checkpoint_input_pipeline=False)
 
 

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf.training import loop
+from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,14 +172,6 @@ def test_float16_loss_scaling_trains(tmp_path):
     assert any(n.startswith("loss_scale/scale") for n in names)
 
 
-def test_bad_config_is_one_line():
-    with pytest.raises(ValueError, match=r"train_batch_size 10 must be a positive multiple of replicas \(1\) x "
-                       r"gradient_accumulation_steps \(4\)"):
-        loop.TrainSettings(gradient_accumulation_steps=4).validate(1, train_steps=1, global_batch_size=10)
-    with pytest.raises(ValueError, match="mixed_precision must be one of float32, bfloat16, float16"):
-        loop.TrainSettings(mixed_precision="fp8").validate(1, train_steps=1, global_batch_size=8)
-
-
 class _Headed(tf.keras.Model):
     """The toy model with a task model's `head` attribute (what TrainSettings.head_learning_rate reaches)."""
 
@@ -202,7 +195,7 @@ def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
     settings = loop.TrainSettings(learning_rate=0.01, head_learning_rate=head_learning_rate, iterations_per_loop=3,
                                   save_checkpoints_steps=6)
     trainer = loop.Trainer(strategy_lib.get_strategy("one_device"), settings, _Headed, loss_fn,  # noqa: F821
-                           settings.optimizer_fn(6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)
+                           optimizer_lib.optimizer_fn(settings, 6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)
     paths = [v.path for v in trainer.model.trainable_variables]
     scales = dict(zip(paths, trainer.optimizer._lr_scales, strict=True))
     if head_learning_rate is None:
@@ -215,8 +208,6 @@ def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
     assert trainer.hparams()["head_learning_rate"] == pytest.approx(head_learning_rate or 0.01)
     trainer.train(dataset_fn)  # noqa: F821
     assert int(trainer.global_step) == 6
-    with pytest.raises(ValueError, match="head_learning_rate must be positive, got 0.0"):
-        loop.TrainSettings(head_learning_rate=0.0).validate(1, train_steps=1, global_batch_size=8)
 
 
 def test_strategy_errors_are_one_line(monkeypatch):

@@ -35,6 +35,7 @@ from bert_tf.runners import arrays, shapes
 from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.tokenization import load_vocab
+from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.auxiliary_lm import with_auxiliary_lm
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 from bert_tf.training.loop import Trainer, TrainSettings
@@ -144,7 +145,7 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
                                               vocab=load_vocab(settings.pretrained.vocab_file))
     steps = max(num_train_steps, 1)
     return Trainer(settings.strategy, settings.train, model_fn, loss_fn,
-                   settings.train.optimizer_fn(steps, int(steps * warmup_proportion)),
+                   optimizer_lib.optimizer_fn(settings.train, steps, int(steps * warmup_proportion)),
                    init_fn=settings.pretrained.init_fn, model_dir=output_dir, train_steps=steps,
                    global_batch_size=global_batch_size)
 

@@ -36,20 +36,18 @@ original's tf.metrics.accuracy); a bare value counts each batch equally.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import signal
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from bert_tf import model_dir as model_dir_lib
-from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training import xla_cache, xla_gpu
 
@@ -73,6 +71,7 @@ from bert_tf.training.inner_loop import (  # noqa: F401
     run_host_loop,
 )
 from bert_tf.training.reporting import Profiler, Reporter, loop_report, model_config
+from bert_tf.training.settings import TrainSettings  # noqa: F401  (the training/settings.py move)
 from bert_tf.training.step import (  # noqa: F401
     INITIAL_LOSS_SCALE,
     LOSS_SCALE_GROWTH_STEPS,
@@ -85,97 +84,6 @@ from bert_tf.training.step import (  # noqa: F401
 logger = logging.getLogger("bert_tf.training")
 
 TRAIN_DIR, EVAL_DIR = model_dir_lib.TRAIN_DIR, model_dir_lib.EVAL_DIR
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    """How to train, the same for pretraining and fine-tuning (not what to train, nor for how long).
-
-    bert_flags.train_settings builds it from the flags every training script shares; the run says
-    its own model_dir, number of steps, global batch size and warmup.
-    jit_compile: XLA-compile the step. Build models that skip padding with skip_padding=False
-      for it (bert_tf/models/encoder.py: the real-token count changes from batch to batch).
-    seed: keras.utils.set_random_seed before the model is built (None: left as it is).
-    """
-
-    learning_rate: float = 5e-5
-    # The task head's peak rate (the model's `head`, e.g. a classifier's output layer), on the same
-    # warmup and decay; None: learning_rate. A fresh head on a small-scale feature (a mean-pooled
-    # sentence encoder) barely moves at an encoder's rate (docs/finetuning.md).
-    head_learning_rate: Optional[float] = None
-    optimizer: str = "adamw"
-    weight_decay_rate: float = optimizer_lib.WEIGHT_DECAY_RATE
-    clip_norm: float = optimizer_lib.CLIP_NORM
-    mixed_precision: str = "float32"
-    jit_compile: bool = False
-    # The whole step (forward, loss, gradients, clipping, optimizer update) as one XLA program rather
-    # than the gradient step and the update apart (step.py TrainStep whole_step): one device, with
-    # jit_compile; the scripts' default on one GPU (bert_flags.use_whole_step; 1.10x on an H200).
-    compile_whole_step: bool = False
-    # Clock each step's wait for its batch (speed/input_wait_* in TensorBoard). The clock orders the host
-    # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
-    # the next step; off, the host runs ahead (a GPU candidate, benchmarks/bench_pretraining.py +noclock).
-    input_wait_clock: bool = True
-    iterations_per_loop: int = 1000
-    save_checkpoints_steps: int = 1000
-    keep_checkpoint_max: int = 5
-    gradient_accumulation_steps: int = 1
-    seed: Optional[int] = 12345
-    # (first, last): capture a TensorBoard profile of these global steps (1-based, inclusive) into
-    # model_dir/train/plugins/profile (the chief's). None: no profile.
-    profile_steps: Optional[Tuple[int, int]] = None
-
-    def validate(self, num_replicas: int, *, train_steps: int, global_batch_size: int) -> None:
-        """One-line ValueErrors for settings a run of `train_steps` x `global_batch_size` cannot use."""
-        if train_steps <= 0:
-            raise ValueError(f"num_train_steps must be positive, got {train_steps}")
-        if self.head_learning_rate is not None and not self.head_learning_rate > 0:
-            raise ValueError(f"head_learning_rate must be positive, got {self.head_learning_rate}")
-        if self.iterations_per_loop <= 0:
-            raise ValueError(f"iterations_per_loop must be positive, got {self.iterations_per_loop}")
-        if self.save_checkpoints_steps <= 0:
-            raise ValueError(f"save_checkpoints_steps must be positive, got {self.save_checkpoints_steps}")
-        if self.keep_checkpoint_max <= 0:
-            raise ValueError(f"keep_checkpoint_max must be positive, got {self.keep_checkpoint_max}")
-        if self.gradient_accumulation_steps <= 0:
-            raise ValueError(f"gradient_accumulation_steps must be positive, got {self.gradient_accumulation_steps}")
-        if self.profile_steps is not None:
-            first, last = self.profile_steps
-            if not 1 <= first <= last:
-                raise ValueError(f"profile_steps must be N,M with 1 <= N <= M, got {first},{last}")
-        if self.mixed_precision not in PRECISIONS:
-            raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
-        split = num_replicas * self.gradient_accumulation_steps
-        if global_batch_size <= 0 or global_batch_size % split:
-            raise ValueError(
-                f"train_batch_size {global_batch_size} must be a positive multiple of replicas ({num_replicas}) "
-                f"x gradient_accumulation_steps ({self.gradient_accumulation_steps})"
-            )
-
-    @property
-    def num_micro_batches(self) -> int:
-        return self.gradient_accumulation_steps
-
-    def set_seed(self) -> None:
-        """Seeds Python, numpy and Keras (initialisation, dropout) when `seed` is set."""
-        if self.seed is not None:
-            keras.utils.set_random_seed(self.seed)
-
-    def optimizer_fn(self, train_steps: int, warmup_steps: int) -> Callable:
-        """(trainable variables, head variables) -> the optimizer: warmup then linear decay to 0 at
-        `train_steps`; the head's variables (a subset, matched by path) at head_learning_rate when set."""
-
-        def make(variables, head_variables=()):
-            scales = None
-            if self.head_learning_rate is not None and head_variables:
-                head = {optimizer_lib.variable_path(v) for v in head_variables}
-                factor = self.head_learning_rate / self.learning_rate
-                scales = [factor if optimizer_lib.variable_path(v) in head else 1.0 for v in variables]
-            return optimizer_lib.create_optimizer(self.optimizer, variables, self.learning_rate, train_steps,
-                                                  warmup_steps, weight_decay_rate=self.weight_decay_rate,
-                                                  learning_rate_scales=scales)
-
-        return make
 
 
 def count_parameters(model) -> int:

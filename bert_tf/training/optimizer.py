@@ -21,17 +21,15 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from bert_tf.training.settings import CLIP_NORM, OPTIMIZERS, WEIGHT_DECAY_RATE  # noqa: F401  (their home)
+
 # docs/reference.md §4: the original's AdamWeightDecayOptimizer hyper-parameters.
 ADAM_BETA_1 = 0.9
 ADAM_BETA_2 = 0.999
 ADAM_EPSILON = 1e-6
-WEIGHT_DECAY_RATE = 0.01
-CLIP_NORM = 1.0
 # Substrings of a variable's path that exempt it from weight decay (and, for
 # LAMB, from the layer-wise trust ratio), as in the original.
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
-
-OPTIMIZERS = ("adamw", "lamb")
 
 # Variables are updated in groups of consecutive variables holding at most this many elements in
 # all (a larger variable is a group of its own), one XLA call per group: BERT-base's 206 variables
@@ -439,3 +437,20 @@ def _named(fn, name: str):
     into profiles (a partial's would be 'function'), so a trace's kernels say they are the update's."""
     fn.__name__ = name
     return fn
+
+
+def optimizer_fn(settings, train_steps: int, warmup_steps: int) -> Callable:
+    """(trainable variables, head variables) -> the optimizer `settings` (a TrainSettings) asks for: warmup then
+    linear decay to 0 at `train_steps`; the head's variables (a subset, matched by path) at its
+    head_learning_rate when set."""
+
+    def make(variables, head_variables=()):
+        scales = None
+        if settings.head_learning_rate is not None and head_variables:
+            head = {variable_path(v) for v in head_variables}
+            factor = settings.head_learning_rate / settings.learning_rate
+            scales = [factor if variable_path(v) in head else 1.0 for v in variables]
+        return create_optimizer(settings.optimizer, variables, settings.learning_rate, train_steps, warmup_steps,
+                                weight_decay_rate=settings.weight_decay_rate, learning_rate_scales=scales)
+
+    return make

@@ -33,7 +33,6 @@ start from the mean of their old pieces' (bert_tf.pretrained.load_starting_weigh
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from typing import Dict, Optional, Sequence
@@ -41,15 +40,24 @@ from typing import Dict, Optional, Sequence
 import tensorflow as tf
 
 from bert_tf import fileio, model_dir, pretrained
-from bert_tf.configs import BertConfig, ConfigError, read_run_info, write_run_info
+from bert_tf.configs import ConfigError, read_run_info, write_run_info
 from bert_tf.data import masking, packing, pipelines, schema
 from bert_tf.data.pretraining import max_predictions_needed
 from bert_tf.models.language_model import LeftToRightPretrainer
 from bert_tf.models.pretrainer import BertPretrainer
-from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab
+from bert_tf.tokenization import VocabError, load_vocab
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
+from bert_tf.training.pretraining_config import (  # noqa: F401  (their home: checked before TensorFlow loads)
+    DEFAULT_MASKED_LM_PROB,
+    DEFAULT_MAX_EVAL_STEPS,
+    DEFAULT_OBJECTIVE,
+    MASKINGS,
+    OBJECTIVES,
+    PretrainingConfig,
+    PretrainingError,
+)
 
 logger = logging.getLogger("bert_tf.pretraining")
 
@@ -57,117 +65,8 @@ EVAL_RESULTS_FILE = "eval_results.txt"
 # The keys of the original's eval_results.txt (plus global_step).
 EVAL_KEYS = ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss", "lm_accuracy",
              "lm_loss", "loss")
-# Pretraining objectives: name -> (what it is, next-sentence head, causal encoder).
-OBJECTIVES = {
-    "mlm_nsp": ("masked LM + next sentence", True, False),
-    "mlm": ("masked LM only (No NSP)", False, False),
-    "ltr": ("left-to-right LM, causal attention (LTR & No NSP)", False, True),
-}
-DEFAULT_OBJECTIVE = "mlm_nsp"
 # Records of each input file read for its largest token id (the records do not name their vocab).
 VOCAB_SCAN_RECORDS = 1000
-# Defaults of the original run_pretraining.py flags.
-DEFAULT_MAX_EVAL_STEPS = 100
-# Masks of records without them (create_pretraining_data.py --masking=dynamic): "auto" takes the
-# records' kind, the others require it. The masking rate is the original's default.
-MASKINGS = ("auto", schema.STATIC, schema.DYNAMIC)
-DEFAULT_MASKED_LM_PROB = 0.15
-
-
-class PretrainingError(ValueError):
-    """A pretraining set-up that cannot work; the message is one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainingConfig:
-    """Everything run_pretraining.py's flags say; batch sizes are global; `train`: how to train,
-    as fine-tuning (bert_flags.train_settings builds both from the same flags)."""
-
-    bert_config: BertConfig
-    input_files: Sequence[str]
-    output_dir: str
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    do_train: bool = False
-    do_eval: bool = False
-    eval_input_files: Optional[Sequence[str]] = None  # None: evaluate on input_files, as the original
-    init_checkpoint: Optional[str] = None
-    train_batch_size: int = 32
-    eval_batch_size: int = 8
-    num_train_steps: int = 100000
-    num_warmup_steps: int = 10000
-    max_eval_steps: int = DEFAULT_MAX_EVAL_STEPS
-    train: loop.TrainSettings = loop.TrainSettings()
-    use_next_sentence_prediction: bool = True
-    # One of OBJECTIVES. "mlm_nsp" with use_next_sentence_prediction=False means "mlm" (the older spelling);
-    # "mlm" and "ltr" turn use_next_sentence_prediction off, so the two fields always agree.
-    objective: str = DEFAULT_OBJECTIVE
-    vocab_file: Optional[str] = None
-    do_lower_case: Optional[bool] = None
-    skip_corrupt_records: bool = False  # read on past corrupt TFRecord data (counted and logged) instead of failing
-    # Several instances per row of max_seq_length (bert_tf.data.packing): static shapes with little
-    # padding, for XLA on TPU/GPU. Batch sizes then count packed rows.
-    pack_sequences: bool = False
-    max_sequences_per_row: int = packing.MAX_SEQUENCES_PER_ROW
-    # Records without masks get them drawn while reading (bert_tf.data.masking), with these settings;
-    # `masking` (one of MASKINGS) says which kind of records is expected.
-    masking: str = "auto"
-    masked_lm_prob: float = DEFAULT_MASKED_LM_PROB
-    do_whole_word_mask: bool = False
-
-    def __post_init__(self):
-        if self.objective == "mlm_nsp" and not self.use_next_sentence_prediction:
-            object.__setattr__(self, "objective", "mlm")
-        if self.objective in OBJECTIVES:
-            object.__setattr__(self, "use_next_sentence_prediction", OBJECTIVES[self.objective][1])
-
-    @property
-    def causal(self) -> bool:
-        return OBJECTIVES[self.objective][2]
-
-    def validate(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
-        if not self.do_train and not self.do_eval:
-            raise PretrainingError("at least one of do_train or do_eval must be True")
-        if self.vocab_file:
-            try:
-                check_vocab_fits(self.vocab_file, self.bert_config.vocab_size, self.init_checkpoint)
-            except VocabError as e:
-                raise PretrainingError(str(e)) from None
-        if self.max_seq_length > self.bert_config.max_position_embeddings:
-            raise PretrainingError(
-                f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
-                f"{self.bert_config.max_position_embeddings}"
-            )
-        if self.max_predictions_per_seq <= 0 or self.max_predictions_per_seq > self.max_seq_length:
-            raise PretrainingError(
-                f"max_predictions_per_seq must be in [1, max_seq_length={self.max_seq_length}], "
-                f"got {self.max_predictions_per_seq}"
-            )
-        if self.num_warmup_steps < 0 or self.num_warmup_steps > self.num_train_steps:
-            raise PretrainingError(
-                f"num_warmup_steps must be in [0, num_train_steps={self.num_train_steps}], got {self.num_warmup_steps}"
-            )
-        if self.train.learning_rate <= 0:
-            raise PretrainingError(f"learning_rate must be positive, got {self.train.learning_rate}")
-        if self.eval_batch_size <= 0 or self.max_eval_steps <= 0:
-            raise PretrainingError("eval_batch_size and max_eval_steps must be positive")
-        if self.pack_sequences and self.causal:
-            raise PretrainingError("pack_sequences needs a bidirectional objective (mlm_nsp or mlm), not "
-                                   f"{self.objective!r}")
-        if self.masking not in MASKINGS:
-            raise PretrainingError(f"unknown masking {self.masking!r}; expected one of {', '.join(MASKINGS)}")
-        if not 0.0 < self.masked_lm_prob <= 1.0:
-            raise PretrainingError(f"masked_lm_prob must be in (0, 1], got {self.masked_lm_prob}")
-        if self.max_sequences_per_row < 1:
-            raise PretrainingError(f"max_sequences_per_row must be >= 1, got {self.max_sequences_per_row}")
-        if self.train.optimizer not in optimizer_lib.OPTIMIZERS:
-            raise PretrainingError(
-                f"unknown optimizer {self.train.optimizer!r}; expected one of {', '.join(optimizer_lib.OPTIMIZERS)}"
-            )
-
-
 def pretraining_loss_fn(model, batch, training):
     """BertPretrainer outputs -> (loss, metrics weighted as the original's eval metrics).
 
@@ -289,7 +188,7 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
                               skip_padding=not settings.jit_compile)  # XLA: no per-batch row count
 
     return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
-                        settings.optimizer_fn(config.num_train_steps, config.num_warmup_steps),
+                        optimizer_lib.optimizer_fn(settings, config.num_train_steps, config.num_warmup_steps),
                         init_fn=_init_fn(config), model_dir=config.output_dir,
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
@@ -304,7 +203,8 @@ def _dataset_fn(config: PretrainingConfig, files, is_training: bool,
         if config.pack_sequences:
             return packing.packed_pretraining_dataset(
                 files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
-                input_context=ctx, seed=config.train.seed, max_sequences_per_row=config.max_sequences_per_row,
+                input_context=ctx, seed=config.train.seed,
+                max_sequences_per_row=config.max_sequences_per_row or packing.MAX_SEQUENCES_PER_ROW,
                 skip_corrupt_records=config.skip_corrupt_records, **masks)
         return pipelines.pretraining_dataset(
             files, config.max_seq_length, config.max_predictions_per_seq, batch_size, is_training,
@@ -354,13 +254,13 @@ def _check_token_ids(config: PretrainingConfig, files) -> None:
 
 
 def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> Optional[Dict[str, float]]:
-    """Trains and/or evaluates as `config` says. Returns the eval results (None without do_eval).
+    """Trains and/or evaluates as `config` says, a checked config (PretrainingConfig.validate: the script
+    checks it before TensorFlow loads). Returns the eval results (None without do_eval).
 
     Raises PretrainingError / pipelines.InputDataError (one line) on bad input,
     loop.NonFiniteLossError on a NaN loss, loop.TrainingPreempted after SIGTERM.
     """
-    # 1. the request and the data: every file's first record, before anything is written
-    config.validate()
+    # 1. the data: every file's first record, before anything is written
     train_files, eval_files, (train_masks, eval_masks) = _check_inputs(config)
     # 2. output_dir holds no other run
     _check_output_dir(config)

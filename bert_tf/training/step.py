@@ -26,8 +26,8 @@ import keras
 import tensorflow as tf
 
 from bert_tf.training import optimizer as optimizer_lib
+from bert_tf.training.settings import PRECISIONS
 
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 # Dynamic loss scaling for float16 (the usual values: start high, halve on
 # overflow, double after this many finite steps).
 INITIAL_LOSS_SCALE = 2.0**15

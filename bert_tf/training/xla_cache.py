@@ -6,7 +6,7 @@ TensorFlow reads the cache's directory from TF_XLA_FLAGS (--tf_xla_persistent_ca
 when its runtime starts: the process's first op, or even its first device listing
 (`tf.config.list_physical_devices`, which every strategy does). Set any later, the flag is silently
 ignored (seen on TensorFlow 2.20: nothing is ever written). So a program sets it before it touches
-TensorFlow's runtime: the training scripts do it first thing (bert_flags.setup_logging), deciding
+TensorFlow's runtime: the training scripts do it first thing (bert_setup.setup_process), deciding
 from their flags alone, since asking TensorFlow whether there is a GPU would start the runtime
 (`compiles_by_default`). It is process-wide: the library itself only reads it (Trainer.run_summary
 names the directory in effect, or none).

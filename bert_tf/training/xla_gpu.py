@@ -2,7 +2,7 @@
 "GPU candidates"; docs/accelerators.md).
 
 XLA reads XLA_FLAGS once, when TensorFlow's runtime starts, so a script sets them first thing
-(bert_flags.setup_logging), where the CUDA driver sees a GPU (xla_cache.cuda_device_count, which asks the
+(bert_setup.setup_process), where the CUDA driver sees a GPU (xla_cache.cuda_device_count, which asks the
 driver, not TensorFlow). A flag already named in XLA_FLAGS is left as the user set it: opt out with,
 e.g., XLA_FLAGS=--xla_gpu_enable_cudnn_layer_norm=false. The library itself never sets them.
 
