@@ -341,7 +341,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     define_overwrite_flag()
     flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
                         "folder or .safetensors, or a bert_tf model directory / checkpoint.")
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models, False for cased).")
+    flags.DEFINE_bool("do_lower_case", None, "Lower-case the input (True for uncased models, False for cased). "
+                      "Default: the checkpoint's casing where it records one (bert_tf_info.json, a Hugging Face "
+                      "tokenizer_config.json, Google's cased_/uncased_ folder names), else True.")
     flags.DEFINE_bool("allow_casing_mismatch", False, "Warn instead of failing when --do_lower_case disagrees "
                       "with the checkpoint.")
     flags.DEFINE_integer("max_seq_length", max_seq_length, "Maximum total input length in word pieces after "
@@ -381,7 +383,7 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
 def finetune_settings():
     """Resolves the pretrained model and builds the RunSettings the fine-tuning flags describe."""
     from bert_tf.configs import ConfigError
-    from bert_tf.pretrained import FinetuneError, check_lower_case, resolve_pretrained
+    from bert_tf.pretrained import FinetuneError, resolve_lower_case, resolve_pretrained
     from bert_tf.runners.settings import RunSettings
     from bert_tf.tokenization import VocabError
 
@@ -390,7 +392,8 @@ def finetune_settings():
     _check_export_dir()  # before hours of training, not after
     try:  # a checkpoint, config and vocab that do not go together fail before --overwrite_output_dir clears
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
-        check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
+        # the casing in effect (None: the checkpoint's), which finetune_config_kwargs passes on
+        FLAGS.do_lower_case = resolve_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
     overwrite_output_dir_if_asked(protected=(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file))

@@ -64,7 +64,8 @@ def main(_):
     from bert_tf.runners.squad import run
     from bert_tf.training.loop import TrainingError, TrainingPreempted
 
-    cfg = dataclasses.replace(cfg, run=bert_flags.finetune_settings())
+    settings = bert_flags.finetune_settings()  # resolves --do_lower_case (None: the checkpoint's casing)
+    cfg = dataclasses.replace(cfg, run=settings, do_lower_case=FLAGS.do_lower_case)
     try:
         results = run(cfg, inputs)
     except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
