@@ -270,8 +270,8 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
         task("any", regression=True)
     assert task("max", regression=True).window_training == "each"  # nothing to calibrate
     for training in ("each_then_calibrate", "clean_negatives"):
-        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, the first meaning "
-                                                r"'found nowhere'; this task is a regression$"):
+        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, one meaning "
+                                                r"'found nowhere' \(--absent_label\); this task is a regression$"):
             task("max", training, regression=True)
     assert task("max", "clean_negatives").not_packable.startswith(
         "--window_training=clean_negatives keeps each input's")
