@@ -228,7 +228,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     define_overwrite_flag()
     flags.DEFINE_string("init_checkpoint", None, "Initial weights: an original bert_model.ckpt, a Hugging Face "
                         "folder or .safetensors, or a bert_tf model directory / checkpoint.")
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (True for uncased models, False for cased).")
+    flags.DEFINE_bool("do_lower_case", None, "Lower-case the input (True for uncased models, False for cased). "
+                      "Default: the checkpoint's casing where it records one (bert_tf_info.json, a Hugging Face "
+                      "tokenizer_config.json, Google's cased_/uncased_ folder names), else True.")
     flags.DEFINE_bool("allow_casing_mismatch", False, "Warn instead of failing when --do_lower_case disagrees "
                       "with the checkpoint.")
     flags.DEFINE_integer("max_seq_length", max_seq_length, "Maximum total input length in word pieces after "
@@ -248,6 +250,9 @@ def define_finetuning_flags(max_seq_length: int = 128, learning_rate: float = 5e
     flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every N steps during training and keep the "
                          "best model in <output_dir>/best. Default with --do_train --do_eval: at the end of each "
                          "epoch; 0: only at the end.")
+    flags.DEFINE_integer("early_stopping", 0, "Stop training once the metric that picks <output_dir>/best has "
+                         "not improved for this many evaluations in a row (needs --do_eval or --eval_every_steps); "
+                         "a rerun on that output_dir trains no further. 0: off.")
     flags.DEFINE_float("aux_lm_weight", 0.0, "GPT-1's auxiliary objective: add this times the LM loss on the task "
                        "inputs (masked LM; next-token for a left-to-right model). GPT-1 used 0.5; 0 = off (BERT).")
     flags.DEFINE_bool("dynamic_padding", None, "Batch by length and pad each batch only to its longest "
@@ -299,7 +304,8 @@ def finetune_config_kwargs(settings) -> dict:
         do_lower_case=FLAGS.do_lower_case, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
         do_predict=FLAGS.do_predict, train_batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size,
         predict_batch_size=FLAGS.predict_batch_size, num_train_epochs=FLAGS.num_train_epochs,
-        warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps)
+        warmup_proportion=FLAGS.warmup_proportion, eval_every_steps=FLAGS.eval_every_steps,
+        early_stopping=FLAGS.early_stopping)
 
 
 # ------------------------------------------------------------------ Apache Beam (README "Beyond one machine")

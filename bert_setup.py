@@ -149,13 +149,14 @@ def finetune_settings(train):
     TrainSettings): the pretrained model resolved (after set-up: a checkpoint's format is read with
     TensorFlow's checkpoint reader), --overwrite_output_dir done, the strategy built."""
     from bert_tf.configs import ConfigError
-    from bert_tf.pretrained import FinetuneError, check_lower_case, resolve_pretrained
+    from bert_tf.pretrained import FinetuneError, resolve_lower_case, resolve_pretrained
     from bert_tf.runners.settings import RunSettings
     from bert_tf.tokenization import VocabError
 
     try:  # a checkpoint, config and vocab that do not go together fail before --overwrite_output_dir clears
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
-        check_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
+        # the casing in effect (None: the checkpoint's), which finetune_config_kwargs passes on
+        FLAGS.do_lower_case = resolve_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
     bert_flags.overwrite_output_dir_if_asked()

@@ -30,6 +30,10 @@ flags.DEFINE_string("text_b_column", None, "--task_name=user: the header of the 
 flags.DEFINE_string("label_column", "label", "--task_name=user: the header of the label column.")
 flags.DEFINE_string("index_column", None, "--task_name=user: the header of the id column of the test file.")
 flags.DEFINE_list("labels", None, "--task_name=user: the label set in id order (default: read from train).")
+flags.DEFINE_string("absent_label", None, "--long_inputs=windows: the label meaning 'found nowhere', which "
+                    "clean_negatives (max's default), each_then_calibrate (any's default) and --window_aggregation=any "
+                    "trust; it gets label id 0. Needed with those when --labels is not given (labels read from train "
+                    "are sorted); with --labels it is their first. Recorded in bert_tf_info.json for later runs.")
 flags.DEFINE_bool("regression", False, "--task_name=user: the label is a number (Pearson/Spearman).")
 flags.DEFINE_enum("pooling", None, ["cls", "mean"], "What the classifier reads: cls, the pooler at [CLS] (BERT's); "
                   "mean, the last layer averaged over the input's tokens (what sentence-transformers checkpoints "
@@ -39,8 +43,21 @@ bert_flags.define_long_input_flags()
 bert_flags.define_finetuning_flags()
 
 
+def ordered_labels(task):
+    """The task with its labels in the order the run uses, the absent label first (bert_tf.tasks.absent_label);
+    a ValueError (one line) where a trusted absent label is not named. Reads only train's labels: no TensorFlow."""
+    from bert_tf.configs import read_run_info
+    from bert_tf.tasks.absent_label import order_labels, trusting_setting
+
+    trusted_by = trusting_setting(FLAGS.long_inputs, FLAGS.window_aggregation, FLAGS.window_training)
+    if not trusted_by and FLAGS.absent_label is None:
+        return task
+    recorded = read_run_info(FLAGS.output_dir).get("absent_label") if FLAGS.output_dir else None
+    return order_labels(task, FLAGS.data_dir, FLAGS.absent_label, trusted_by, recorded)
+
+
 def main(_):
-    from bert_tf.tasks import glue  # (no TensorFlow: the gate)
+    from bert_tf.tasks import TaskDataError, glue  # (no TensorFlow: the gate)
 
     if not FLAGS.task_name or not FLAGS.data_dir:
         fail("--task_name and --data_dir are required")
@@ -52,7 +69,8 @@ def main(_):
                                   file_format=FLAGS.file_format)
         else:
             task = glue.get_task(FLAGS.task_name, xnli_language=FLAGS.xnli_language)
-    except ValueError as e:
+        task = ordered_labels(task)  # before TensorFlow starts: the absent label a run trusts is named
+    except (ValueError, TaskDataError) as e:
         fail(str(e))
     train = bert_flags.check_finetune_flags()
 
@@ -63,6 +81,7 @@ def main(_):
     cfg = ClassifierRunConfig(
         task=task, data_dir=FLAGS.data_dir, long_inputs=FLAGS.long_inputs, doc_stride=FLAGS.doc_stride,
         window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, pooling=FLAGS.pooling,
+        absent_label=FLAGS.absent_label,
         **bert_flags.finetune_config_kwargs(settings))
     bert_setup.run_and_report(run, cfg, settings)
 

@@ -50,6 +50,7 @@ def main(_):
         num_train_epochs=FLAGS.num_train_epochs, warmup_proportion=FLAGS.warmup_proportion,
         n_best_size=FLAGS.n_best_size, max_answer_length=FLAGS.max_answer_length,
         null_score_diff_threshold=FLAGS.null_score_diff_threshold, eval_every_steps=FLAGS.eval_every_steps,
+        early_stopping=FLAGS.early_stopping,
         verbose_logging=FLAGS.verbose_logging)
     # Bad flags and files fail here, before the TensorFlow start-up.
     try:
@@ -64,7 +65,8 @@ def main(_):
     from bert_tf.runners.squad import run
     from bert_tf.training.loop import TrainingError, TrainingPreempted
 
-    cfg = dataclasses.replace(cfg, run=bert_setup.finetune_settings(train))
+    settings = bert_setup.finetune_settings(train)  # resolves --do_lower_case (None: the checkpoint's casing)
+    cfg = dataclasses.replace(cfg, run=settings, do_lower_case=FLAGS.do_lower_case)
     try:
         results = run(cfg, inputs)
     except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:

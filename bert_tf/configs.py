@@ -318,6 +318,7 @@ class TaskRecord:
     window_aggregation: Optional[str] = None
     window_training: Optional[str] = None  # "each" window, or the "aggregate" of an input's windows
     pooling: Optional[str] = None  # classifier: "mean" of the tokens; None: the pooler at [CLS]
+    absent_label: Optional[str] = None  # classifier windows: the label meaning "found nowhere" (label_list's first)
     version_2_with_negative: Optional[bool] = None
     max_query_length: Optional[int] = None
 

@@ -191,6 +191,28 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal, pooling)
 
 
+def recorded_lower_case(pretrained: Pretrained) -> Optional[bool]:
+    """The casing the checkpoint records (bert_tf_info.json, a Hugging Face tokenizer_config.json) or its
+    released folder's name says (Google's cased_/uncased_ downloads), None when nothing says."""
+    if pretrained.do_lower_case is not None:
+        return pretrained.do_lower_case
+    return expected_casing(pretrained.init_checkpoint) if pretrained.init_checkpoint else None
+
+
+def resolve_lower_case(pretrained: Pretrained, asked: Optional[bool], allow_mismatch: bool = False) -> bool:
+    """The casing of a fine-tuning run: `asked` (--do_lower_case) when given, checked against the checkpoint's
+    (check_lower_case: one line when they disagree); None: the checkpoint's (recorded_lower_case), else True
+    (the original's default)."""
+    if asked is None:
+        recorded = recorded_lower_case(pretrained)
+        if recorded is None:
+            return True
+        logger.info("do_lower_case=%s: the casing %s records", recorded, pretrained.init_checkpoint)
+        return recorded
+    check_lower_case(pretrained, asked, allow_mismatch)
+    return bool(asked)
+
+
 def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch: bool = False) -> None:
     """One clear error when --do_lower_case disagrees with what the checkpoint records or its name says."""
     if pretrained.do_lower_case is not None and pretrained.do_lower_case != bool(do_lower_case):
@@ -349,13 +371,7 @@ class BertTokenizer:
         pretrained = resolve(path, bert_config_file, vocab_file)
         folder = pretrained.init_checkpoint if os.path.isdir(pretrained.init_checkpoint) else \
             os.path.dirname(pretrained.init_checkpoint)
-        if do_lower_case is None:
-            recorded = pretrained.do_lower_case
-            if recorded is None:
-                recorded = expected_casing(pretrained.init_checkpoint)
-            do_lower_case = True if recorded is None else recorded
-        else:
-            check_lower_case(pretrained, do_lower_case)
+        do_lower_case = resolve_lower_case(pretrained, do_lower_case)
         if max_seq_length is None:
             max_seq_length = min(read_run_info(folder).get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH),
                                  pretrained.config.max_position_embeddings)

@@ -270,8 +270,8 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
         task("any", regression=True)
     assert task("max", regression=True).window_training == "each"  # nothing to calibrate
     for training in ("each_then_calibrate", "clean_negatives"):
-        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, the first meaning "
-                                                r"'found nowhere'; this task is a regression$"):
+        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, one meaning "
+                                                r"'found nowhere' \(--absent_label\); this task is a regression$"):
             task("max", training, regression=True)
     assert task("max", "clean_negatives").not_packable.startswith(
         "--window_training=clean_negatives keeps each input's")
@@ -601,13 +601,14 @@ def test_each_then_calibrate_moves_only_the_output_layer_of_the_each_window_mode
 def test_clean_negatives_trains_in_slots_then_calibrates_in_one_resumable_run(tiny_model, tmp_path, caplog):
     """--window_training=clean_negatives: 2 epochs of documents in slots (32 documents of 3 windows, round(16 / 3)
     = 5 a batch: 12 steps) into out/clean_negatives, then that model calibrated into out at the same step; both
-    record the training; a rerun trains and calibrates nothing and scores the same. The labels are read from
-    train.tsv, as for a user task without --labels."""
+    record the training and the absent label; a rerun (not naming it: read back) trains and calibrates nothing
+    and scores the same. The labels are read from train.tsv, as for a user task without --labels."""
     import logging
 
     import tensorflow as tf
 
-    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "clean_negatives", labels=())
+    out, first, kw, results, lines = _two_stage_run(tiny_model, tmp_path, caplog, "max", "clean_negatives", labels=(),
+                                                    absent_label="no")
     assert first.name == "clean_negatives" and not (out / "each_window").exists()
     assert lines[0] == (f"clean_negatives, stage 1 of 2: every window of a 'no' input as 'no', another input's max "
                         f"for 2 epoch(s), 5 inputs per batch (3.0 windows each) -> {first}"), lines
@@ -616,11 +617,13 @@ def test_clean_negatives_trains_in_slots_then_calibrates_in_one_resumable_run(ti
     assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
     assert tf.train.latest_checkpoint(str(out)).endswith("ckpt-12")
     for folder in (first, out):
-        assert json.loads((folder / "bert_tf_info.json").read_text())["window_training"] == "clean_negatives"
+        info = json.loads((folder / "bert_tf_info.json").read_text())
+        assert (info["window_training"], info["absent_label"], info["label_list"]) == \
+            ("clean_negatives", "no", ["no", "yes"]), info
     assert results["dev"]["global_step"] == 12 and not (first / "eval_results.txt").exists()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="bert_tf"):
-        again = _run(tiny_model, tmp_path, out, **kw)
+    with caplog.at_level(logging.INFO, logger="bert_tf"):  # the rerun reads the absent label back from out
+        again = _run(tiny_model, tmp_path, out, **{k: v for k, v in kw.items() if k != "absent_label"})
     assert f"clean_negatives, stage 2 of 2: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
     assert tf.train.latest_checkpoint(str(first)).endswith("ckpt-12")
     assert again["dev"] == results["dev"]
@@ -1018,3 +1021,88 @@ def test_window_selection_trains_rounds_on_the_chosen_windows_then_calibrates(ti
         again = run_select_stages(cfg)
     assert f"each_then_select, stage 5 of 5: {out} holds the calibrated model" in [r.getMessage() for r in caplog.records]
     assert again["dev"] == results["dev"]
+
+
+# ------------------------------------------------------------------ the absent label ("found nowhere")
+def test_the_absent_label_goes_first_and_a_trusted_one_must_be_named(tmp_path):
+    """order_labels: labels read from train.tsv sort "contains_nt" before "none"; a setting that trusts the absent
+    label with none named is one line listing them; named (or recorded by the output_dir), it goes first; listed
+    labels keep their order and refuse another one; a regression has none."""
+    from bert_tf.tasks.absent_label import order_labels, trusting_setting
+
+    assert trusting_setting("windows", "max", None) == \
+        "--window_training=clean_negatives (--window_aggregation=max's default)"
+    assert trusting_setting("windows", "any", None) == \
+        "--window_training=each_then_calibrate (--window_aggregation=any's default)"
+    assert trusting_setting("windows", "any", "each") == "--window_aggregation=any"
+    assert trusting_setting("windows", "mean", "each_then_calibrate") == "--window_training=each_then_calibrate"
+    assert [trusting_setting("windows", "max", "each"), trusting_setting("windows", "mean", None),
+            trusting_setting("truncate", "max", None)] == [None, None, None]
+    _write_split(tmp_path / "train.tsv", [("a b", "none"), ("c d", "contains_nt"), ("e f", "other")])
+    unlisted = glue.user_task("text", "label", index="id")
+    by = trusting_setting("windows", "max", None)
+    with pytest.raises(ValueError, match=r"^--window_training=clean_negatives \(--window_aggregation=max's default\) "
+                                         r"trusts one label to mean 'found nowhere', and the labels read from the "
+                                         r"training file are contains_nt, none, other: name it with "
+                                         r"--absent_label=<label> \(or give --labels in id order, that label first\)$"):
+        order_labels(unlisted, str(tmp_path), None, by)
+    assert order_labels(unlisted, str(tmp_path), None, None).labels == ("contains_nt", "none", "other")
+    assert order_labels(unlisted, str(tmp_path), "none", by).labels == ("none", "contains_nt", "other")
+    assert order_labels(unlisted, str(tmp_path), None, by, recorded="other").labels == ("other", "contains_nt", "none")
+    assert order_labels(unlisted, str(tmp_path), "none", by, recorded="other").labels[0] == "none"  # the flag wins
+    with pytest.raises(ValueError, match=r"^--absent_label 'absent' is not one of the labels of the training file "
+                                         r"\(contains_nt, none, other\)$"):
+        order_labels(unlisted, str(tmp_path), "absent", by)
+    listed = glue.user_task("text", "label", labels=["none", "contains_nt"], index="id")
+    assert order_labels(listed, str(tmp_path), None, by).labels == ("none", "contains_nt")
+    assert order_labels(listed, str(tmp_path), "none", by).labels == ("none", "contains_nt")
+    with pytest.raises(ValueError, match=r"^--absent_label=contains_nt but the labels are listed in id order "
+                                         r"\(none, contains_nt\), the first meaning 'found nowhere': list "
+                                         r"contains_nt first in --labels, or drop --absent_label$"):
+        order_labels(listed, str(tmp_path), "contains_nt", by)
+    regression = glue.user_task("text", "label", regression=True, index="id")
+    assert order_labels(regression, str(tmp_path), None, by) is regression
+    with pytest.raises(ValueError, match=r"^--absent_label needs labels; this task is a regression$"):
+        order_labels(regression, str(tmp_path), "none", by)
+
+
+def test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere(tiny_model,
+                                                                                                   tmp_path):
+    """Through run_classifier.py: the marker task labelled contains_nt / none (sorted: the "found" label first).
+    --window_aggregation=max without --absent_label stops in one line before TensorFlow starts (nothing written);
+    with --absent_label=none, clean negatives trains every window of a "none" document as "none", none gets label
+    id 0, and bert_tf_info.json records it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    rng = np.random.default_rng(5)
+    rename = {"yes": "contains_nt", "no": "none"}
+    for split, n in (("train", 16), ("dev", 8)):
+        _write_split(tmp_path / f"{split}.tsv", [(text, rename[label]) for text, label in _long_task_split(rng, n)])
+    out = tmp_path / "out"
+    args = [sys.executable, str(REPO / "run_classifier.py"), "--task_name=user", f"--data_dir={tmp_path}",
+            "--text_a_column=text", "--index_column=id", f"--vocab_file={tiny_model / 'vocab.txt'}",
+            f"--bert_config_file={tiny_model / 'bert_config.json'}", f"--output_dir={out}", f"--max_seq_length={SEQ}",
+            "--long_inputs=windows", f"--doc_stride={ROOM}", "--window_aggregation=max", "--do_train", "--do_eval",
+            "--num_train_epochs=1", "--train_batch_size=16", "--iterations_per_loop=50"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    refused = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
+        "error: --window_training=clean_negatives (--window_aggregation=max's default) trusts one label to mean "
+        "'found nowhere', and the labels read from the training file are contains_nt, none: name it with "
+        "--absent_label=<label> (or give --labels in id order, that label first)"], refused.stderr[-2000:]
+    assert not out.exists()
+    trained = subprocess.run([*args, "--absent_label=none"], capture_output=True, text=True, env=env, cwd=REPO,
+                             timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "clean_negatives, stage 1 of 2: every window of a 'none' input as 'none', another input's max" \
+        in trained.stderr, trained.stderr[-3000:]
+    assert "clean_negatives, stage 2 of 2: the 'none' logit of every window shifted by" in trained.stderr
+    assert "labels: none, contains_nt" in trained.stderr
+    for folder in (out, out / "clean_negatives"):
+        info = json.loads((folder / "bert_tf_info.json").read_text())
+        assert (info["label_list"], info["absent_label"]) == (["none", "contains_nt"], "none"), info
+    assert (out / "eval_results.txt").exists()

@@ -551,12 +551,13 @@ def make_user_files(w: pathlib.Path, minilm: pathlib.Path) -> None:
         (w / "my_data" / f"{split}.tsv").write_text("review\tstars\n" + "".join(
             f"{r[1]}\t{5 if r[2] == 'new' else 1}\n" for r in part), encoding="utf-8")
 
-    # Documents longer than one window (run_classifier --long_inputs=windows): a body column, labels.
+    # Documents longer than one window (run_classifier --long_inputs=windows): a body column, labels no / yes
+    # (the docs' `any` command names "no" as the absent label).
     (w / "my_docs").mkdir()
     for split, start in (("train", 0), ("dev", 16)):
         (w / "my_docs" / f"{split}.tsv").write_text("body\tlabel\n" + "".join(
-            " ".join(r[1] for r in rows[i:i + 6]) + f"\t{rows[i][2]}\n" for i in range(start, start + 16, 2)),
-            encoding="utf-8")
+            " ".join(r[1] for r in rows[i:i + 6]) + f"\t{'yes' if rows[i][2] == 'new' else 'no'}\n"
+            for i in range(start, start + 16, 2)), encoding="utf-8")
 
     squad_v2 = _json(TESTDATA / "squad_tiny_v2.json")
     for name in ("train-v2.0.json", "dev-v2.0.json"):

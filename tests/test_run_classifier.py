@@ -180,7 +180,7 @@ def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(
         (data / name).write_text((DATA / name).read_text(encoding="utf-8"), encoding="utf-8")
     out = tmp_path / "out"
     args = [*user_task_args(tiny_model, out, "--do_train"), f"--data_dir={data}", "--long_inputs=windows",
-            f"--window_aggregation={aggregation}"]
+            f"--window_aggregation={aggregation}", "--absent_label=no"]
     first = out / {"any": "each_window", "max": "clean_negatives"}[aggregation]
     result = run_classifier(*args, "--do_predict")
     last = result.stderr.strip().splitlines()[-1]
@@ -342,3 +342,72 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     from bert_tf.resources import pretrained_minilm_dir
 
     assert package and resolve_pretrained(pretrained_minilm_dir()).pooling == "mean"
+
+
+def _script(name, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=600)
+
+
+def test_early_stopping_keeps_best_which_exports_and_predicts_and_a_cased_checkpoint_sets_the_casing(
+        tiny_model, tmp_path):
+    """One run, many facts. A checkpoint in Google's cased_L-12_H-768_A-12/ folder fine-tunes without
+    --do_lower_case=False (its casing is the folder's, recorded in bert_tf_info.json); --do_lower_case=True with it
+    is one line. --early_stopping=2 with a learning rate of ~0 (the dev accuracy never rises after the first
+    evaluation, at step 2): evaluations at steps 2, 4, 6, stopped at 6 of 24, best/ from step 2; the run summary
+    names the metric. A rerun trains no further and says so. best/ exports (export_savedmodel.py) and predict.py
+    answers from the export."""
+    from bert_tf.checkpoints import write_tf1_checkpoint
+    from bert_tf.configs import BertConfig
+    from bert_tf.models import BertEncoder
+
+    folder = tmp_path / "cased_L-12_H-768_A-12"
+    write_tf1_checkpoint(BertEncoder(BertConfig(**TINY_CONFIG)), str(folder / "bert_model.ckpt"))
+    (folder / "bert_config.json").write_text((tiny_model / "bert_config.json").read_text())
+    (folder / "vocab.txt").write_text((tiny_model / "vocab.txt").read_text())
+    out = tmp_path / "out"
+    args = ["--task_name=user", f"--data_dir={DATA}", "--index_column=id", f"--init_checkpoint={folder}/bert_model.ckpt",
+            "--max_seq_length=32", "--train_batch_size=8", "--eval_batch_size=8", "--do_train", "--do_eval",
+            "--num_train_epochs=4", "--learning_rate=1e-12", "--iterations_per_loop=2", "--eval_every_steps=2",
+            "--early_stopping=2"]
+    result = run_classifier(*args, f"--output_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stderr
+    assert f"do_lower_case=False: the casing {folder}/bert_model.ckpt records" in log, log[-3000:]
+    assert json.loads((out / "bert_tf_info.json").read_text())["do_lower_case"] is False
+    assert "best model: best/ keeps the highest eval_accuracy on dev, evaluated every 2 steps; early stopping " \
+           "after 2 evaluation(s) without a higher one" in log, log[-3000:]
+    assert [line.split("dev at step ")[1].split(":")[0] for line in log.splitlines() if "dev at step " in line] == \
+        ["2", "4", "6"], log[-3000:]
+    assert re.search(r"early stopping at step 6 of 24: eval_accuracy has not improved on [0-9.]+ \(step 2\) for 2 "
+                     rf"evaluation\(s\); the best model is {out / 'best'}", log), log[-3000:]
+    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    best = dict(line.split(" = ") for line in (out / "best" / "best_eval_results.txt").read_text().splitlines())
+    assert int(results["global_step"]) == 6 and int(best["global_step"]) == 2
+    assert best["eval_accuracy"] == results["eval_accuracy"]
+    assert (out / "best" / "early_stopped.txt").read_text() == "stopped_at_step = 6\nbest_step = 2\npatience = 2\n"
+    assert max(int(p.name[len("ckpt-"):-len(".index")]) for p in out.glob("ckpt-*.index")) == 6
+
+    again = run_classifier(*args, f"--output_dir={out}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{out} stopped early at step 6 (eval_accuracy last improved at step 2): not training further" \
+        in again.stderr, again.stderr[-3000:]
+    assert "dev at step 6" in again.stderr and "dev at step 8" not in again.stderr
+    assert max(int(p.name[len("ckpt-"):-len(".index")]) for p in out.glob("ckpt-*.index")) == 6
+
+    other = tmp_path / "other"
+    refused = run_classifier(*args, f"--output_dir={other}", "--do_lower_case=True")
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: do_lower_case=True but {folder}/bert_model.ckpt was trained with do_lower_case=False; pass "
+        "--do_lower_case=False (or --allow_casing_mismatch to go on anyway)"), refused.stderr[-2000:]
+    assert not other.exists()
+
+    exported = _script("export_savedmodel.py", f"--model_dir={out / 'best'}", f"--export_dir={tmp_path / 'export'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    predicted = _script("predict.py", f"--export_dir={tmp_path / 'export'}", "--text=a dog sat on a mat .",
+                        "--format=json")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    [row] = [json.loads(line) for line in predicted.stdout.splitlines()]
+    assert row["label"] in ("no", "yes") and set(row["probabilities"]) == {"no", "yes"}
+    assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)

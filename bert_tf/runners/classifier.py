@@ -27,6 +27,12 @@ model picks (bert_tf.tasks.windows.select_windows, ChosenWindowsTask), then that
 of docs/finetuning.md it stayed at chance (experiments/long_documents.py runs it, and the oracle it is measured
 against).
 
+"The first label" above is the absent label ("found nowhere", label id 0), which clean_negatives,
+each_then_calibrate and `any` trust: with_ordered_labels puts it first (bert_tf.tasks.absent_label): the first of
+labels listed in id order (--labels, a built-in task's), or `absent_label` first among labels read from train.tsv
+(sorted), where a run that trusts it stops in one line when none is named; bert_tf_info.json records it
+(`absent_label`, and label_list's order) for evaluation, prediction and the export.
+
 What the head reads (`pooling`, resolve_pooling): the pooler at [CLS] as BERT does, or the mean of the last
 layer's tokens, which a sentence-transformers checkpoint (all-MiniLM-L6-v2) was trained for and which its
 folder's pooling config asks for; bert_tf_info.json records "mean".
@@ -55,6 +61,7 @@ from bert_tf.runners.common import check_packing, make_trainer, mean_xent, run_f
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
 from bert_tf.runners.window_slots import clean_negatives_loss, slot_logits, window_slot_logits
 from bert_tf.tasks import glue
+from bert_tf.tasks.absent_label import order_labels, trusting_setting
 from bert_tf.tasks.windows import (
     CALIBRATION_INPUTS,
     EACH_THEN_AGGREGATE_SHARE,
@@ -83,6 +90,9 @@ class ClassifierRunConfig(FinetuneConfig):
     window_aggregation: str = "mean"  # windows: "mean", "max", "logmeanexp", "any" or "first" of the windows' logits
     window_training: Optional[str] = None  # windows: one of WINDOW_TRAINING; None: the aggregation's default
     pooling: Optional[str] = None  # "cls" or "mean" (POOLINGS); None: resolve_pooling's choice
+    # The label meaning "found nowhere", which clean_negatives, each_then_calibrate and `any` trust (label id 0):
+    # bert_tf.tasks.absent_label.order_labels puts it first; None: the first of listed labels, the recorded one.
+    absent_label: Optional[str] = None
 
 
 def resolve_pooling(asked: Optional[str], output_dir: str, pretrained) -> str:
@@ -137,8 +147,8 @@ class ClassifierTask(FinetuneTask):
             if self.windows else None
         if cfg.task.is_regression and self.window_training in FIRST_LABEL_TRAINING:
             if cfg.window_training is not None:
-                raise FinetuneError(f"--window_training={self.window_training} needs labels, the first meaning "
-                                    "'found nowhere'; this task is a regression")
+                raise FinetuneError(f"--window_training={self.window_training} needs labels, one meaning "
+                                    "'found nowhere' (--absent_label); this task is a regression")
             self.window_training = "each"  # max's default, for a task with labels
         self.recorded_training = recorded_training or self.window_training
         if self.window_training in IN_SLOTS:
@@ -150,16 +160,18 @@ class ClassifierTask(FinetuneTask):
         self.task_type = "regression" if self.spec.is_regression else "classification"
         self.pooling = cfg.pooling or "cls"  # resolved in setup
         if self.windows and cfg.window_aggregation == "any" and self.spec.is_regression:
-            raise FinetuneError("--window_aggregation=any needs labels (the first meaning 'found nowhere'); "
+            raise FinetuneError("--window_aggregation=any needs labels (one meaning 'found nowhere': --absent_label); "
                                 "this task is a regression")
 
     def _infer_labels(self):
-        """A user task without --labels: its label set, read from the training file (once)."""
+        """The labels in the order the run uses, the absent label first (with_ordered_labels; once)."""
         if self.spec.labels is not None and not self.spec.labels:
-            self.spec = glue.infer_labels(self.spec, self.cfg.data_dir)
+            self.cfg = with_ordered_labels(self.cfg)
+            self.spec = self.cfg.task
 
     def first_label(self) -> str:
-        """The first label as logs quote it (a user task without --labels: read from its training file)."""
+        """The absent label ("found nowhere", label id 0) as logs quote it (a user task without --labels: the
+        named one first among those read from its training file)."""
         self._infer_labels()
         return repr(self.spec.labels[0])
 
@@ -176,7 +188,7 @@ class ClassifierTask(FinetuneTask):
         self.pooling = resolve_pooling(self.cfg.pooling, self.cfg.output_dir, pretrained)
         return TaskRecord(self.task_type, task=self.spec.name, label_list=tuple(self.spec.labels or ()),
                           long_inputs=self.cfg.long_inputs, window_training=trained, **windows,
-                          pooling="mean" if self.pooling == "mean" else None)
+                          pooling="mean" if self.pooling == "mean" else None, absent_label=self.cfg.absent_label)
 
     def featurize(self, split, tokenizer):
         if split == "train" and self._train is not None:
@@ -330,12 +342,31 @@ TWO_STAGES = ("each_then_aggregate", "each_then_calibrate", "clean_negatives")
 EACH_WINDOW_DIR, CLEAN_NEGATIVES_DIR = "each_window", "clean_negatives"
 
 
+def with_ordered_labels(cfg: ClassifierRunConfig) -> ClassifierRunConfig:
+    """cfg with its task's labels in the order the run uses (bert_tf.tasks.absent_label.order_labels: the absent
+    label first) and, where the window settings trust it or it is named, absent_label set to it. Named:
+    cfg.absent_label, else what output_dir's bert_tf_info.json records, else the first of listed labels;
+    a run that trusts it with labels read from train.tsv and none named is a one-line FinetuneError."""
+    trusted_by = trusting_setting(cfg.long_inputs, cfg.window_aggregation, cfg.window_training)
+    try:
+        spec = order_labels(cfg.task, cfg.data_dir, cfg.absent_label, trusted_by,
+                            read_run_info(cfg.output_dir).get("absent_label"))
+    except ValueError as e:
+        raise FinetuneError(str(e)) from None
+    absent = spec.labels[0] if spec.labels and (trusted_by or cfg.absent_label) else None
+    return dataclasses.replace(cfg, task=spec, absent_label=absent)
+
+
 def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     """Trains / evaluates / predicts as asked; returns {eval split: results}."""
+    cfg = with_ordered_labels(cfg)  # before any work: a needed absent label that is not named is one line
     task = ClassifierTask(cfg)
     if task.window_training in IN_SLOTS and cfg.do_train and cfg.run is not None and cfg.run.aux_lm_weight:
         raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training in TWO_STAGES and cfg.do_train:
+        if cfg.early_stopping:
+            raise FinetuneError(f"--early_stopping does not apply to --window_training={task.window_training}: "
+                                "its stages train without evaluating")
         if cfg.run is not None:  # what the second stage would refuse, refused before the first trains
             check_packing(task, cfg.run)
             pretrained = cfg.run.pretrained

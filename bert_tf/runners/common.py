@@ -8,8 +8,8 @@
   4. write the model directory's side files, once the checkpoint is restored and training saves
      (a refused or crashed start leaves output_dir as it was);
   5. train (evaluating every eval_every_steps, by default every epoch with do_eval, and keeping the
-     best model in output_dir/best),
-     or restore the trained model;
+     best model by the task's primary_metric in output_dir/best; with early_stopping, stopping once it
+     has not improved for that many evaluations), or restore the trained model;
   6. evaluate: eval_results[_<split>].txt and the task's files; predict: the task's files.
 The task (bert_tf.runners.task.FinetuneTask) says only what is its own: data, loss, scores, files.
 
@@ -43,6 +43,8 @@ from bert_tf.training.loop import Trainer, TrainSettings
 logger = logging.getLogger("bert_tf.runners")
 
 BEST_RESULTS = "best_eval_results.txt"
+# Written into output_dir/best when early stopping ends a run: a rerun on that output_dir trains no further.
+EARLY_STOPPED = "early_stopped.txt"
 # A head reading the mean of the last layer's tokens (--pooling=mean) learns at this many times --learning_rate
 # unless --head_learning_rate says otherwise. The mean is a small feature (all-MiniLM-L6-v2: norm ~2 over 384
 # units, ~0.08 per unit from window to window), so a fresh head at an encoder's rate barely moves in an epoch:
@@ -83,10 +85,26 @@ def check_request(cfg: FinetuneConfig) -> None:
         raise FinetuneError(f"--num_train_epochs must be > 0, got {cfg.num_train_epochs}")
     if not 0 <= cfg.warmup_proportion <= 1:
         raise FinetuneError(f"--warmup_proportion must be in [0, 1], got {cfg.warmup_proportion}")
+    if cfg.early_stopping < 0:
+        raise FinetuneError(f"--early_stopping must be >= 0 (evaluations without improvement), got {cfg.early_stopping}")
     limit = cfg.run.pretrained.config.max_position_embeddings
     if cfg.max_seq_length > limit:
         raise FinetuneError(
             f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings {limit}")
+
+
+def check_early_stopping(cfg: FinetuneConfig, task: FinetuneTask) -> None:
+    """--early_stopping only where training evaluates: with --do_train, a scored split, and --do_eval or
+    --eval_every_steps > 0."""
+    if not cfg.early_stopping:
+        return
+    if not cfg.do_train:
+        raise FinetuneError("--early_stopping stops training: it needs --do_train")
+    if not task.eval_splits:
+        raise FinetuneError("--early_stopping needs a dev set to evaluate during training; this run has none")
+    if cfg.eval_every_steps == 0 or (cfg.eval_every_steps is None and not cfg.do_eval):
+        raise FinetuneError("--early_stopping needs evaluations during training: add --do_eval (one per epoch) "
+                            "or --eval_every_steps=N")
 
 
 def check_packing(task: FinetuneTask, settings: RunSettings) -> None:
@@ -160,6 +178,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     pretrained = settings.pretrained
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)
     model_dir.check_matches(out, record, pretrained.config)
+    check_early_stopping(cfg, task)
     settings = dataclasses.replace(settings, train=head_rate_for(record, settings.train))
     tokenizer = pretrained.tokenizer(cfg.do_lower_case)
 
@@ -258,6 +277,8 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                                 f"tokens real; batches and epochs count rows")
         elif jit:  # what XLA computes: every position of every batch
             extra["batch shapes"] = batch_shapes_summary(train, lengths.get("train"), cfg)
+        if eval_every:
+            extra["best model"] = best_model_summary(task, eval_every, cfg.early_stopping)
         trainer.run_summary(train_units, int(num_train_steps * cfg.warmup_proportion), extra=extra,
                             unit="rows" if pack else "examples")
         trainer.write_hparams(dict(task=task.task_type, max_seq_length=cfg.max_seq_length,
@@ -273,7 +294,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
                 trainer, dataset_fn, num_train_steps, eval_every, evaluate,
                 metric=(task.eval_splits[0] if eval_every else "", task.primary_metric), output_dir=out,
                 ordered=task.ordered_results, input_id=input_id,
-                before_first_save=write_side_files if trainer.is_chief else None)
+                before_first_save=write_side_files if trainer.is_chief else None, patience=cfg.early_stopping)
     else:
         if trainer.restore() is None and not pretrained.init_checkpoint:
             logger.warning("no checkpoint in %s and no --init_checkpoint: using an untrained model", out)
@@ -310,6 +331,15 @@ def batch_shapes_summary(train: Featurized, chosen: Optional[Tuple[int, ...]], c
         return f"[{cfg.train_batch_size}, {cfg.max_seq_length}] for every batch: {padded:.1%} of positions real"
     return (f"[{cfg.train_batch_size}, n] for n in {', '.join(map(str, chosen))} (one compiled program each): "
             f"{shapes.real_share(own, chosen):.1%} of positions real (padded to {cfg.max_seq_length}: {padded:.1%})")
+
+
+def best_model_summary(task: FinetuneTask, eval_every: int, patience: int) -> str:
+    """The run summary's line on what picks output_dir/best and when early stopping ends the run."""
+    text = (f"{model_dir.BEST_DIR}/ keeps the highest {task.primary_metric} on {task.eval_splits[0]}, "
+            f"evaluated every {eval_every} steps")
+    if patience:
+        text += f"; early stopping after {patience} evaluation(s) without a higher one"
+    return text
 
 
 def eval_interval(cfg: FinetuneConfig, task: FinetuneTask, train_units: int) -> int:
@@ -349,24 +379,38 @@ def write_eval_summaries(writer, step: int, metrics: Dict[str, float]) -> None:
 def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_steps: int, eval_every: int,
                              evaluate: Callable[[], Dict[str, Dict[str, float]]], metric: Tuple[str, str],
                              output_dir: str, ordered: bool = False, input_id: str = "",
-                             before_first_save: Optional[Callable[[], None]] = None) -> Dict[str, Dict[str, float]]:
+                             before_first_save: Optional[Callable[[], None]] = None,
+                             patience: int = 0) -> Dict[str, Dict[str, float]]:
     """Trains to `num_train_steps`; every `eval_every` steps runs `evaluate` and keeps the best model.
 
     The best model (by `metric` = (eval split, key), higher is better) goes to
     `<output_dir>/best/` as a complete model directory (checkpoint and side files,
     bert_tf.model_dir) with `best_eval_results.txt`, so it can be exported or
-    fine-tuned from like any other. Returns the last evaluation. input_id and before_first_save go
+    fine-tuned from like any other. `patience` > 0: training stops once that many evaluations in a row
+    (counted from the best's step on a resumed run) found no higher value; best/EARLY_STOPPED records it, and
+    a rerun on output_dir trains no further. Returns the last evaluation. input_id and before_first_save go
     to Trainer.train.
     """
     if not eval_every:
         trainer.train(dataset_fn, input_id=input_id, before_first_save=before_first_save)
         return {}
     best_dir = os.path.join(output_dir, model_dir.BEST_DIR)
-    best_value = _read_best(best_dir, metric[1])
+    best = _read_results(os.path.join(best_dir, BEST_RESULTS))
+    best_value = float(best[metric[1]]) if metric[1] in best else None
+    best_step = int(float(best.get("global_step", 0)))
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=trainer.model), best_dir, max_to_keep=1)
     results: Dict[str, Dict[str, float]] = {}
     step = int(trainer.global_step.numpy())
-    while step < num_train_steps:
+    marker = os.path.join(best_dir, EARLY_STOPPED)
+    stopped = _read_results(marker)
+    if stopped:  # a rerun after an early stop: the model of that stop, no more training
+        trainer.restore()
+        logger.info("%s stopped early at step %s (%s last improved at step %s): not training further "
+                    "(--overwrite_output_dir starts afresh; deleting %s trains on)", output_dir,
+                    stopped.get("stopped_at_step"), metric[1], stopped.get("best_step"), marker)
+        return results
+    stale = step // eval_every - best_step // eval_every if best_value is not None else 0  # a resumed run
+    while step < num_train_steps and not (patience and stale >= patience):
         target = min(num_train_steps, (step // eval_every + 1) * eval_every)
         trainer.train_steps = target
         trainer.train(dataset_fn, input_id=input_id, before_first_save=before_first_save)
@@ -374,21 +418,24 @@ def train_with_periodic_eval(trainer: Trainer, dataset_fn: Callable, num_train_s
         results = evaluate()
         value = results[metric[0]][metric[1]]
         if best_value is None or value > best_value:
-            best_value = value
+            best_value, best_step, stale = value, step, 0
             manager.save(checkpoint_number=step)
             model_dir.copy_side_files(output_dir, best_dir)
             write_eval_results(os.path.join(best_dir, BEST_RESULTS), results[metric[0]], ordered=ordered)
             logger.info("new best %s %.4f at step %d -> %s", metric[1], value, step, best_dir)
+        else:
+            stale += 1
+    if patience and stale >= patience and step < num_train_steps:
+        write_eval_results(os.path.join(best_dir, EARLY_STOPPED),
+                           {"stopped_at_step": step, "best_step": best_step, "patience": patience}, ordered=True)
+        logger.info("early stopping at step %d of %d: %s has not improved on %.4f (step %d) for %d evaluation(s); "
+                    "the best model is %s", step, num_train_steps, metric[1], best_value, best_step, stale, best_dir)
     return results
 
 
-def _read_best(best_dir: str, key: str) -> Optional[float]:
-    path = os.path.join(best_dir, BEST_RESULTS)
+def _read_results(path: str) -> Dict[str, str]:
+    """A `key = value` file (write_eval_results) as {key: value text}; {} when there is none."""
     if not tf.io.gfile.exists(path):
-        return None
+        return {}
     with tf.io.gfile.GFile(path) as f:
-        for line in f:
-            name, _, value = line.partition(" = ")
-            if name == key:
-                return float(value)
-    return None
+        return dict(line.rstrip("\n").partition(" = ")[::2] for line in f if " = " in line)

@@ -36,6 +36,9 @@ class FinetuneConfig:
     # Evaluate every N steps of training and keep the best model in output_dir/best. None: with
     # do_train and do_eval, at the end of each epoch (TensorBoard's eval run is a curve); 0: only at the end.
     eval_every_steps: Optional[int] = None
+    # > 0: stop training once the best model's metric (the task's primary_metric) has not improved for this
+    # many evaluations in a row; 0: train every step.
+    early_stopping: int = 0
 
 
 @dataclasses.dataclass
