@@ -74,16 +74,17 @@ class Progress:
     with every_call=True, the training loop's line per host call); on a terminal the bar, and the
     log line when due. count(n) is the short form for work measured by count alone (documents,
     texts): it builds the text from the rate. close() removes the bar.
-    clock: seconds (time.monotonic; tests pass a fake one).
+    clock: seconds (time.monotonic; tests pass a fake one). tenths False: lines by the clock alone (work
+    that is often short, where ten lines would be noise: a line only once it has run PROGRESS_SECONDS).
     """
 
     def __init__(self, total: Optional[int], unit: str = "", *, start: int = 0, live: Optional[bool] = None,
                  stream=None, clock: Callable[[], float] = time.monotonic, every_seconds: float = PROGRESS_SECONDS,
-                 log: logging.Logger = logger):
+                 log: logging.Logger = logger, tenths: bool = True):
         self.total, self.unit = total, unit
         self.stream = stream if stream is not None else sys.stderr
         self.live = on_terminal(self.stream) if live is None else live
-        self.clock, self.every_seconds, self.log = clock, every_seconds, log
+        self.clock, self.every_seconds, self.log, self.tenths = clock, every_seconds, log, tenths
         self.started = self.last_line = clock()
         self.start = self.done = self.logged = start
         self._bar_shown = False
@@ -94,7 +95,7 @@ class Progress:
         """A line is due: PROGRESS_SECONDS since the last, a tenth mark crossed since the last, or the end."""
         if self.clock() - self.last_line >= self.every_seconds:
             return True
-        if self.total:
+        if self.total and self.tenths:
             return done >= self.total or done >= next_mark(self.logged, self.total)
         return False
 

@@ -4,6 +4,7 @@ in-process, with a fake clock."""
 import io
 import logging
 import math
+import re
 
 from bert_tf.progress import PROGRESS_SECONDS, Progress, format_eta, format_rate, next_mark, tenth_marks
 from bert_tf.training.host_calls import FIRST_CALL_STEPS, GROWTH, MULTI_WORKER_STEPS, CallSizer
@@ -153,3 +154,45 @@ def test_given_iterations_per_loop_and_multi_worker_sizes_do_not_read_a_clock():
     workers.observe(100, 100, 0.01)
     assert workers.steps(0) == MULTI_WORKER_STEPS and workers.steps(9950) == 50  # the first tenth
 
+
+
+def test_a_running_beam_job_logs_its_counters_until_it_ends_and_its_error_is_raised(caplog):
+    """bert_tf/beam/common.py: a job whose run() returns while it runs (Dataflow, Flink) is waited for in a
+    thread while its counters are logged every `every_seconds`; the wait's error reaches the caller."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import pytest
+
+    from bert_tf.beam import common
+
+    class Job:
+        def __init__(self, error=None):
+            self.finish, self.error, self.documents = threading.Event(), error, 0
+
+        def wait_until_finish(self):
+            self.finish.wait(5)
+            if self.error:
+                raise self.error
+
+        def metrics(self):
+            self.documents += 1200
+            if self.documents >= 3600:
+                self.finish.set()
+            counters = [SimpleNamespace(key=SimpleNamespace(metric=SimpleNamespace(name="documents")),
+                                        attempted=self.documents)]
+            return SimpleNamespace(query=lambda _: {"counters": counters})
+
+    with caplog.at_level(logging.INFO, logger="bert_tf.beam"):
+        common.wait_while_reporting(Job(), every_seconds=0.05)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and all(re.fullmatch(r"job running for 0h00m00s: documents [\d,]+ \(\S+/s\)", line)
+                                   for line in lines), lines
+    assert lines[-1].startswith("job running for 0h00m00s: documents 3,600 ")
+    failing = Job(common.BeamJobError("input_file: bad"))
+    failing.finish.set()
+    start = time.monotonic()
+    with pytest.raises(common.BeamJobError, match="input_file: bad"):
+        common.wait_while_reporting(failing, every_seconds=10)
+    assert time.monotonic() - start < 5  # a job that ends returns at once, not after every_seconds

@@ -1,6 +1,6 @@
 """How many steps the next host call runs: --iterations_per_loop when given, else chosen from the
 measured step time so that the log line each call ends with comes often enough (docs/design.md,
-"Progress").
+"Progress without short loops").
 
 Automatic (TrainSettings.iterations_per_loop None): a call lasts at most `target_seconds` (30 s in a
 log, LIVE_SECONDS under a live bar on a terminal) and at most up to the next tenth of the run, so a
