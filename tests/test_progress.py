@@ -196,3 +196,25 @@ def test_a_running_beam_job_logs_its_counters_until_it_ends_and_its_error_is_rai
     with pytest.raises(common.BeamJobError, match="input_file: bad"):
         common.wait_while_reporting(failing, every_seconds=10)
     assert time.monotonic() - start < 5  # a job that ends returns at once, not after every_seconds
+
+
+def test_trainer_on_a_terminal_draws_the_bar_each_call_and_logs_each_tenth(tmp_path, caplog):
+    """The Trainer with the default (automatic) calls and a terminal as its stream: a bar after every
+    call, a log line at each tenth (and none for the first call, before the first tenth), short calls."""
+    from test_training_loop import dataset_fn, make_trainer
+
+    from bert_tf.training.host_calls import LIVE_SECONDS
+
+    trainer = make_trainer(str(tmp_path), steps=40, iterations_per_loop=None, save_checkpoints_steps=40)
+    trainer.progress_stream = terminal = FakeTerminal()
+    with caplog.at_level(logging.INFO, logger="bert_tf.training"):
+        trainer.train(dataset_fn)
+    assert trainer._sizer.target_seconds == LIVE_SECONDS
+    calls = [r["steps"] for r in trainer.loop_history]
+    assert calls[0] == FIRST_CALL_STEPS and sum(calls) == 40, calls
+    logged = [int(m.group(1)) for r in caplog.records if (m := re.match(r"step (\d+)/40 loss ", r.getMessage()))]
+    assert logged == tenth_marks(40), logged
+    drawn = terminal.getvalue()
+    assert drawn.count("\r100% |" + "#" * 20 + "| step 40/40 loss ") == 1, repr(drawn[-300:])
+    assert drawn.startswith("\r  5% |#...................| step 2/40 loss ")
+    assert drawn.endswith("\r\x1b[K")  # the bar is gone once train() returns
