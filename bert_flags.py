@@ -53,7 +53,8 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0 disables).")
     flags.DEFINE_integer("gradient_accumulation_steps", 1, "Micro-batches summed per optimizer step.")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
-    flags.DEFINE_integer("iterations_per_loop", 1000, "How many steps to run per host call (and per log line).")
+    flags.DEFINE_integer("iterations_per_loop", None, "How many steps to run per host call (and per log line). "
+                         "Default: from the measured step time, a line at least every 30 s and each tenth of the run.")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
     flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
     flags.DEFINE_string("profile_steps", None, "N,M: capture a TensorBoard profile of global steps N to M into "

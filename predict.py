@@ -20,6 +20,7 @@ the rows --format=json prints, file by file, in order:
       --runner=DirectRunner --num_workers=2
 """
 
+import logging
 import os
 import sys
 
@@ -27,6 +28,7 @@ from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import bert_flags  # noqa: E402  (imports bert_tf first, before TensorFlow: quiet start-up, bert_tf/console.py)
+from bert_tf.progress import Progress  # noqa: E402
 from bert_tf.serving.predictor import PredictError, iter_rows, json_line, load, rows_of, run_batch  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -85,6 +87,9 @@ def tsv_line(kind, row, has_b):
 
 
 def main(argv):
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("bert_tf.progress").setLevel(logging.INFO)
+    logging.getLogger("bert_tf.beam").setLevel(logging.INFO)  # (a Beam job's progress, bert_tf/beam/common.py)
     beam_args = bert_flags.beam_args(argv, "predict.py")
     try:
         if FLAGS.runner:
@@ -97,11 +102,14 @@ def main(argv):
         if kind == "classification" and FLAGS.format == "tsv":
             header = ["text"] + (["text_b"] if has_b else []) + ["label"]
             print("\t".join(header + [f"p_{label}" for label in metadata["label_list"]]))
+        # Long inputs: a line on stderr every 30 s (texts done, rate, ETA); never a bar, the rows may be on the terminal.
+        progress = Progress(len(inputs), "texts", live=False, tenths=False)
         for start in range(0, len(inputs), FLAGS.batch_size):
             batch = inputs[start:start + FLAGS.batch_size]
             out = run_batch(serve, kind, metadata, batch)
             for row in rows_of(kind, metadata, out, batch):
                 print(json_line(row) if FLAGS.format == "json" else tsv_line(kind, row, has_b))
+            progress.update(start + len(batch))
     except PredictError as e:
         print(f"predict.py: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -53,6 +53,30 @@ def test_train_eval_predict_learns_and_writes_original_files(tiny_model, tmp_pat
     assert "eval_accuracy" in (best / "best_eval_results.txt").read_text()
 
 
+def test_default_flags_print_progress_at_each_tenth_with_rate_and_eta(tiny_model, tmp_path):
+    """A 348-step fine-tuning with the default --iterations_per_loop (automatic, bert_tf/training/host_calls.py),
+    its log in a pipe as in a log file: a line at each tenth of the run and at least every 30 s, each with
+    step/total, examples/s and an ETA, and few enough lines that the host calls stay long (not one per step)."""
+    out = tmp_path / "out"
+    result = run_classifier(*user_task_args(tiny_model, out, "--do_train", "--num_train_epochs=58"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "steps: 348 (warmup 34), per loop: from the step time (a log line at least every 30 s and at each " \
+           "tenth)" in result.stderr
+    lines = re.findall(r"^(\d\d):(\d\d):(\d\d) INFO bert_tf.training: step (\d+)/(\d+) loss (.*)$", result.stderr,
+                       re.MULTILINE)
+    steps = [int(line[3]) for line in lines]
+    assert {int(line[4]) for line in lines} == {348}, lines
+    assert steps == sorted(steps) and steps[-1] == 348, steps
+    tenths = [35, 70, 105, 140, 174, 209, 244, 279, 314, 348]
+    assert set(tenths) <= set(steps), steps  # a line at each tenth of the run ...
+    assert len(steps) <= 15, steps  # ... and calls of many steps (the first two measure the step time)
+    assert all(re.search(r" [\d.]+ examples/s ETA \dh\d\dm\d\ds", line[5]) for line in lines), lines
+    seconds = [3600 * int(h) + 60 * int(m) + int(s) for h, m, s, *_ in lines]
+    assert max(b - a for a, b in zip(seconds, seconds[1:], strict=False)) <= 30, lines
+    assert "\r" not in result.stderr  # not a terminal: no bar, plain lines
+    assert (out / "ckpt-348.index").exists()
+
+
 def test_packed_rows_under_xla_learn_with_one_program_per_shape(tiny_model, tmp_path):
     """--pack_sequences --jit_compile: several examples per row, one compiled training step and one compiled
     prediction for the whole run (the last partial batches filled up); predictions one per example, in order."""

@@ -10,12 +10,16 @@ import re
 import shlex
 import sys
 import tempfile
+import threading
+import time
 import uuid
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+
+from bert_tf.progress import PROGRESS_SECONDS, format_eta, format_rate
 
 logger = logging.getLogger("bert_tf.beam")
 
@@ -130,16 +134,59 @@ def job_error(exc: BaseException) -> Optional[str]:
 
 
 def run(pipeline: beam.Pipeline):
-    """Runs a built pipeline to the end (returns its result); a bert_tf error inside it raises BeamJobError."""
+    """Runs a built pipeline to the end (returns its result); a bert_tf error inside it raises BeamJobError.
+    A runner whose run() returns while the job runs (Dataflow, Flink, ...) gets a progress line every
+    PROGRESS_SECONDS (wait_while_reporting); the local runner returns once the job is done."""
     try:
         result = pipeline.run()
-        result.wait_until_finish()
+        wait_while_reporting(result)
         return result
     except Exception as e:  # runners wrap worker errors in their own types
         message = job_error(e)
         if message is None:
             raise
         raise BeamJobError(message) from None
+
+
+def wait_while_reporting(result, every_seconds: float = PROGRESS_SECONDS, clock=time.monotonic) -> None:
+    """Waits for a running job (result.wait_until_finish, in a thread: one call, as every runner allows),
+    logging its bert_tf counters so far (documents, instances, rows: the workers' attempted counts) with
+    their rate every `every_seconds`. An error of the wait is raised here."""
+    failure: List[BaseException] = []
+
+    def wait():
+        try:
+            result.wait_until_finish()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(e)
+
+    waiter = threading.Thread(target=wait, name="bert_tf_beam_wait", daemon=True)
+    start = clock()
+    waiter.start()
+    waiter.join(every_seconds)
+    while waiter.is_alive():
+        counts = running_counters(result)
+        elapsed = max(clock() - start, 1e-9)
+        logger.info("job running for %s: %s", format_eta(elapsed), ", ".join(
+            f"{name} {value:,} ({format_rate(value / elapsed)}/s)" for name, value in sorted(counts.items()))
+            or "no counts yet")
+        waiter.join(every_seconds)
+    if failure:
+        raise failure[0]
+
+
+def running_counters(result) -> Dict[str, int]:
+    """{name: attempted value} of the bert_tf counters of a running job ({} where the runner reports none)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace("bert_tf"))["counters"]
+    except Exception:  # not every runner reports metrics while it runs
+        return {}
+    counts: Dict[str, int] = {}
+    for c in found:
+        counts[c.key.metric.name] = counts.get(c.key.metric.name, 0) + int(c.attempted or 0)
+    return counts
 
 
 def counter(result, name: str) -> Optional[int]:

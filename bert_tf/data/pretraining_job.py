@@ -34,6 +34,7 @@ import numpy as np
 
 from bert_tf import fileio, tokenization
 from bert_tf.data import pretraining, schema, text_input
+from bert_tf.progress import format_eta
 from bert_tf.tokenization import VocabError, check_special_tokens, load_vocab
 
 logger = logging.getLogger("bert_tf.data")
@@ -253,8 +254,9 @@ class _Progress:
             eta = ""
             if self.total_bytes and self.bytes_done:
                 frac = min(self.bytes_done / self.total_bytes, 1.0)
-                eta = f", {100 * frac:.1f}% of input, ETA {elapsed * (1 - frac) / max(frac, 1e-9):.0f}s"
-            logger.info("documents %d, instances %d, %.0f instances/s%s", self.documents, self.instances, rate, eta)
+                eta = f", {100 * frac:.1f}% of input, ETA {format_eta(elapsed * (1 - frac) / max(frac, 1e-9))}"
+            logger.info("documents %d, instances %d, %.0f documents/s, %.0f instances/s%s", self.documents,
+                        self.instances, self.documents / elapsed, rate, eta)
 
 
 def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:

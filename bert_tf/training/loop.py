@@ -23,7 +23,9 @@ What the loop does with them (docs/design.md, "Decisions" and "The step apart fr
     a non-finite loss stops without saving (training/errors.py: the one-line errors).
   * Reporting (training/reporting.py): TensorBoard summaries under model_dir/train and
     model_dir/eval; one log line per loop with step, loss, examples/s and ETA (a first step's
-    tracing and compiling reported apart). Per loop also the speed (seconds per step, split into
+    tracing and compiling reported apart), on a terminal a live bar (bert_tf/progress.py); by
+    default each loop's steps are chosen from the measured step time so that a line comes at least
+    every ~30 s and at each tenth of the run (training/host_calls.py). Per loop also the speed (seconds per step, split into
     waiting for input and the rest), examples/s per replica and the batches' real tokens per
     position (input_mask / sequence_ids); the profiler.
 `Trainer` here is the controller: it builds the model and optimizer, then works out each host
@@ -40,6 +42,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from typing import Callable, Dict, Optional
 
@@ -48,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import model_dir as model_dir_lib
+from bert_tf import progress as progress_lib
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training import xla_cache, xla_gpu
 
@@ -63,6 +67,7 @@ from bert_tf.training.errors import (  # noqa: F401
     WorkerLostError,
     peer_detail,
 )
+from bert_tf.training.host_calls import LIVE_SECONDS, CallSizer
 from bert_tf.training.inner_loop import (  # noqa: F401
     MASK_FEATURES,
     evaluate_batches,
@@ -127,6 +132,9 @@ class Trainer:
         self.settings = settings
         self.model_dir = model_dir
         self.train_steps = train_steps
+        # The whole run's steps (progress and its tenths): train_steps may be set lower between calls
+        # to stop at an evaluation (runners/common.py).
+        self.run_steps = train_steps
         self.global_batch_size = global_batch_size
         self.checkpoint_input_pipeline = checkpoint_input_pipeline
         self.loss_fn = loss_fn
@@ -158,6 +166,9 @@ class Trainer:
                               whole_step=settings.compile_whole_step)
         self._grad_fn, self._eval_fn = self.step.grad_fn, self.step.eval_fn  # (tests and benchmarks read them)
         self.reporter = Reporter(model_dir, self.is_chief)
+        self.progress_stream = sys.stderr  # where the live bar goes on a terminal (tests: a fake one)
+        self._sizer = CallSizer(settings.iterations_per_loop, train_steps,
+                                same_on_all_workers=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
         self._train_loops = {}
         self._metric_names = None
         self._preempted = False
@@ -241,7 +252,9 @@ class Trainer:
             f"{self.global_batch_size // (self.strategy.num_replicas_in_sync * c.gradient_accumulation_steps)} "
             f"per replica)",
             f"steps: {self.train_steps} (warmup {num_warmup_steps if num_warmup_steps is not None else 'n/a'}), "
-            f"{c.iterations_per_loop} per loop, checkpoint every {c.save_checkpoints_steps}",
+            + (f"{c.iterations_per_loop} per loop" if c.iterations_per_loop else
+               "per loop: from the step time (a log line at least every 30 s and at each tenth)")
+            + f", checkpoint every {c.save_checkpoints_steps}",
             f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: "
@@ -295,11 +308,15 @@ class Trainer:
             return result
         previous_handler = self._install_sigterm()
         profiler = Profiler(c.profile_steps, os.path.join(self.model_dir, TRAIN_DIR), self.is_chief)
+        total = self._sizer.total_steps = max(self.run_steps, self.train_steps)
+        progress = progress_lib.Progress(total, start=step, stream=self.progress_stream, log=logger)
+        self._sizer.target_seconds = LIVE_SECONDS if progress.live else progress_lib.PROGRESS_SECONDS
         try:
             start_time, start_step = time.time(), step
             while step < self.train_steps:
                 next_save = (step // c.save_checkpoints_steps + 1) * c.save_checkpoints_steps
-                n = min(c.iterations_per_loop, self.train_steps - step, next_save - step, profiler.steps_to_edge(step))
+                n = min(self._sizer.steps(step), self.train_steps - step, next_save - step,
+                        profiler.steps_to_edge(step))
                 profiler.before_loop(step)
                 # A function not yet traced in this process runs its first step alone: that call traces
                 # and compiles (XLA: tens of seconds on a GPU), so speed and ETA count only the steps after it.
@@ -308,6 +325,7 @@ class Trainer:
                                                                                           compiling)
                 if compiling:  # the clock starts where the first step ended (elapsed: the steps after it)
                     start_time, start_step = time.time() - elapsed, step + 1
+                self._sizer.observe(n, n - 1 if compiling else n, elapsed)
                 bad = np.flatnonzero(~np.isfinite(losses))
                 if bad.size:
                     raise NonFiniteLossError(
@@ -323,17 +341,18 @@ class Trainer:
                 summary, speed = loop_report(
                     result, lr=lr, grad_norm=grad_norm, health=health, steps=n, compiling=compiling, elapsed=elapsed,
                     compile_seconds=compile_seconds, global_batch_size=self.global_batch_size, replicas=replicas,
-                    eta_seconds=(self.train_steps - step) / rate if rate > 0 else math.inf)
+                    eta_seconds=(total - step) / rate if rate > 0 else math.inf)
                 self.reporter.scalars(TRAIN_DIR, step, summary)
                 self.step_losses.extend(float(x) for x in losses)
                 self.loop_history.append(dict(step=step, steps=n, seconds=elapsed, loss=result["loss"],
                                               compile_seconds=compile_seconds))
-                logger.info(
-                    "step %d/%d loss %.4f %s lr %.3g grad_norm %.3f %s",
-                    step, self.train_steps, result["loss"],
-                    " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss"),
-                    lr, grad_norm, speed,
-                )
+                metrics = " ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()) if k != "loss")
+                # The line of every loop in a log, on a terminal the bar and a line when one is due (and
+                # before an evaluation or the end: this call's last step).
+                progress.update(step, f"step {step}/{total} loss {result['loss']:.4f} {metrics} lr {lr:.3g} "
+                                f"grad_norm {grad_norm:.3f} {speed}",
+                                bar_text=f"step {step}/{total} loss {result['loss']:.4f} {speed}",
+                                every_call=True, force=step == self.train_steps)
                 self._live_input = (dataset_fn, signature, iterator, step)
                 if step % c.save_checkpoints_steps == 0 or step == self.train_steps or self._preempted:
                     if before_first_save is not None:
@@ -356,6 +375,7 @@ class Trainer:
                 f"from {model_dir_lib.latest_checkpoint(self.model_dir) or 'the start'}"
             ) from None
         finally:
+            progress.close()
             profiler.stop()
             self._restore_sigterm(previous_handler)
         return result

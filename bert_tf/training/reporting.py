@@ -19,6 +19,7 @@ from typing import Dict, Optional, Tuple
 import tensorflow as tf
 
 from bert_tf import env
+from bert_tf.progress import format_eta
 from bert_tf.training.errors import first_line
 
 logger = logging.getLogger("bert_tf.training")
@@ -122,13 +123,6 @@ def health_scalars(health, steps: int, seconds: float, examples_per_second_per_r
     if positions:
         out["input/real_tokens_per_position"] = float(health["real_tokens"]) / positions
     return out
-
-
-def format_eta(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
 def model_config(model):

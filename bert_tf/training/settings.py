@@ -48,7 +48,9 @@ class TrainSettings:
     # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
     # the next step; off, the host runs ahead (a GPU candidate, benchmarks/bench_pretraining.py +noclock).
     input_wait_clock: bool = True
-    iterations_per_loop: int = 1000
+    # Steps per host call, each ending with a log line; None (the default): chosen from the measured step
+    # time, so a line comes at least every ~30 s and at each tenth of the run (training/host_calls.py).
+    iterations_per_loop: Optional[int] = None
     save_checkpoints_steps: int = 1000
     keep_checkpoint_max: int = 5
     gradient_accumulation_steps: int = 1
@@ -66,7 +68,7 @@ class TrainSettings:
             raise ValueError(f"head_learning_rate must be positive, got {self.head_learning_rate}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
-        if self.iterations_per_loop <= 0:
+        if self.iterations_per_loop is not None and self.iterations_per_loop <= 0:
             raise ValueError(f"iterations_per_loop must be positive, got {self.iterations_per_loop}")
         if self.save_checkpoints_steps <= 0:
             raise ValueError(f"save_checkpoints_steps must be positive, got {self.save_checkpoints_steps}")
