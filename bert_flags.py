@@ -325,7 +325,10 @@ def overwrite_output_dir_if_asked(protected=()):
         if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
             fail(f"--overwrite_output_dir would delete {path} (inside --output_dir {FLAGS.output_dir})")
     from bert_tf.model_dir import clear_model_dir
+    from bert_tf.run_holder import held_message
 
+    if held := held_message(FLAGS.output_dir):  # never clear a folder a live run holds
+        fail(f"--overwrite_output_dir: {held}")
     clear_model_dir(FLAGS.output_dir)
 
 

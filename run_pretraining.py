@@ -87,6 +87,7 @@ def main(_):
     bert_flags.setup_logging()
     from bert_tf.configs import BertConfig, ConfigError
     from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.run_holder import OutputDirHeld
     from bert_tf.training.loop import TrainingError, TrainingPreempted
     from bert_tf.training.pretraining import (
         PretrainingConfig,
@@ -139,7 +140,7 @@ def main(_):
     config = dataclasses.replace(config, train=bert_flags.train_settings(strategy))
     try:
         results = run_pretraining(config, strategy)
-    except (InputDataError, PretrainingError, TrainingError) as e:
+    except (InputDataError, PretrainingError, TrainingError, OutputDirHeld) as e:
         bert_flags.fail_with(e)
     except TrainingPreempted as e:
         bert_flags.exit_preempted(e)
