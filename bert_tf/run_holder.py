@@ -258,9 +258,11 @@ class RunHolder:
 
     def claim(self) -> "RunHolder":
         found = self.current()
-        started = found.get("started") if found else None
-        if isinstance(started, (int, float)) and time.time() - started < 2 * self.settle:
-            time.sleep(2 * self.settle)  # a claim still settling: the run that wins it is the one to name
+        for _ in range(5):  # a claim still settling: the run that wins it is the one to name
+            started = found.get("started") if found else None
+            if not isinstance(started, (int, float)) or time.time() - started >= 2 * self.settle:
+                break
+            time.sleep(2 * self.settle)
             found = self.current()
         if found is not None:
             why = self.why_gone(found)

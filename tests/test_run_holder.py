@@ -160,6 +160,7 @@ def test_simultaneous_claims_have_one_winner(tmp_path, where, start):
     if start == "gone holder":
         RunHolder(out, me=_elsewhere(99), heartbeat_every=60).claim()._stop.set()
         record = RunHolder(out).current()
+        record["started"] -= 3600
         record["heartbeat"] -= 3600
         RunHolder(out).file.write(json.dumps(record))
     holders = [RunHolder(out, me=_elsewhere(100 + i, f"host-{i}"), heartbeat_every=60, settle=0.3) for i in range(6)]
