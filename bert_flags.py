@@ -213,7 +213,10 @@ def overwrite_output_dir_if_asked():
     if not FLAGS.overwrite_output_dir or not FLAGS.output_dir:
         return
     from bert_tf.model_dir import clear_model_dir
+    from bert_tf.run_holder import held_message
 
+    if held := held_message(FLAGS.output_dir):  # never clear a folder a live run holds
+        fail(f"--overwrite_output_dir: {held}")
     clear_model_dir(FLAGS.output_dir)
 
 

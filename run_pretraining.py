@@ -137,6 +137,7 @@ def main(_):
     bert_setup.setup_process()
     from bert_tf.configs import ConfigError
     from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.run_holder import OutputDirHeld
     from bert_tf.training.loop import TrainingError, TrainingPreempted
     from bert_tf.training.pretraining import PretrainingError, resolve_init_checkpoint, run_pretraining
 
@@ -159,7 +160,7 @@ def main(_):
     config = dataclasses.replace(config, train=bert_setup.train_settings_for(config.train, strategy))
     try:
         results = run_pretraining(config, strategy)
-    except (InputDataError, PretrainingError, TrainingError) as e:
+    except (InputDataError, PretrainingError, TrainingError, OutputDirHeld) as e:
         bert_setup.fail_with(e)
     except TrainingPreempted as e:
         bert_setup.exit_preempted(e)

@@ -165,7 +165,8 @@ SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
               "test_exported_tagger_answers_texts_that_fit_as_without_windows",
               "test_int8_exports_with_windows_stay_within_the_int8_bound",
               "test_second_process_loads_the_compiled_program",
-              "test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere"}
+              "test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere",
+              "test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over"}
 
 
 def pytest_collection_modifyitems(config, items):

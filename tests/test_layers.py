@@ -17,8 +17,8 @@ PACKAGE = REPO / "bert_tf"
 
 # Lowest first. A module's layer is that of the longest prefix listed (bert_tf.models.heads -> models).
 LAYERS = [
-    # files, console output, the configs every layer reads
-    ["bert_tf", "bert_tf.fileio", "bert_tf.console", "bert_tf.resources", "bert_tf.configs"],
+    # files, console output, the configs every layer reads, the hold on an output_dir
+    ["bert_tf", "bert_tf.fileio", "bert_tf.console", "bert_tf.resources", "bert_tf.configs", "bert_tf.run_holder"],
     # text and records: no model
     ["bert_tf.tokenization", "bert_tf.tasks", "bert_tf.data", "bert_tf.layers", "bert_tf.beam.common"],
     # the Keras models

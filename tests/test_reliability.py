@@ -74,6 +74,9 @@ COVERED_ELSEWHERE = {
         ["test_run_pretraining.py::test_sigkill_then_rerun_resumes_and_sigterm_saves",
          "test_training_loop.py::test_resume_continues_the_same_trajectory",
          "test_training_loop.py::test_sigterm_saves_a_checkpoint"],
+    "a second run on a live run's output_dir; kill -9 of the holder, then a rerun":
+        ["test_run_holder.py::test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over",
+         "test_run_holder.py::test_stale_heartbeat_is_taken_over_and_the_old_holder_lets_go"],
     "NaN loss (toy Trainer, poisoned batch)": ["test_training_loop.py::test_non_finite_loss_stops_naming_the_step"],
 }
 

@@ -51,7 +51,7 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import fileio, model_dir
+from bert_tf import fileio, model_dir, run_holder
 from bert_tf.configs import TaskRecord, read_run_info
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
@@ -77,6 +77,7 @@ from bert_tf.tasks.windows import (
     window_weights,
     windows_in_slots,
 )
+from bert_tf.training.strategy import is_chief
 
 logger = logging.getLogger("bert_tf.classifier")
 
@@ -380,8 +381,15 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
         if model_dir.has_checkpoint(cfg.output_dir) and held != task.window_training:
             raise FinetuneError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
                                 f"{task.window_training!r}; use a new --output_dir")
-        return run_in_two_stages(cfg, task.window_training)
+        with _holding(cfg):  # output_dir held across both stages, not only while each one trains
+            return run_in_two_stages(cfg, task.window_training)
     return run_finetuning(task, cfg)
+
+
+def _holding(cfg: ClassifierRunConfig):
+    """A staged run's hold on output_dir (bert_tf/run_holder.py); its stages' run_finetuning calls hold
+    their own folders inside it, and the last stage's on output_dir shares this hold."""
+    return run_holder.holding(cfg.output_dir, chief=cfg.run is None or is_chief(cfg.run.strategy))
 
 
 def run_in_two_stages(cfg: ClassifierRunConfig, training: str) -> Dict[str, Dict[str, float]]:
@@ -452,10 +460,11 @@ def run_select_stages(cfg: ClassifierRunConfig, rounds: int = SELECT_ROUNDS,
     document's ~8 windows carry a label they have no evidence for); a round trains on the windows that decide
     a max. Returns what calibrate_and_score does."""
     stages = rounds + 2
-    previous = train_each_window(cfg, "each_then_select", f"1 of {stages}")
-    for r in range(1, rounds + 1):
-        previous = train_selected_round(cfg, previous, r, top, f"{r + 1} of {stages}")
-    return calibrate_and_score(cfg, previous, "each_then_select", f"{stages} of {stages}")
+    with _holding(cfg):
+        previous = train_each_window(cfg, "each_then_select", f"1 of {stages}")
+        for r in range(1, rounds + 1):
+            previous = train_selected_round(cfg, previous, r, top, f"{r + 1} of {stages}")
+        return calibrate_and_score(cfg, previous, "each_then_select", f"{stages} of {stages}")
 
 
 def train_selected_round(cfg: ClassifierRunConfig, previous: str, r: int, top: int, stage: str) -> str:

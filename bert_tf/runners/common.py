@@ -1,7 +1,8 @@
 """The one fine-tuning run: `run_finetuning(task, cfg)` walks every task through the same steps.
 
-  1. check the request (something to do, a length the model holds) and that output_dir holds
-     no other task's run nor another bert_config's (bert_tf.model_dir.check_matches);
+  1. check the request (something to do, a length the model holds), hold output_dir (no other live
+     run may: bert_tf/run_holder.py; every run that writes there holds it, predict-only too) and check
+     that it holds no other task's run nor another bert_config's (bert_tf.model_dir.check_matches);
   2. read and featurize every split asked for, before anything is written;
   3. build the Trainer (training/loop.py) on the task model the task's record names (model_dir.TASK_MODELS),
      starting from the pretrained weights, resuming from output_dir's checkpoints;
@@ -26,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import model_dir
+from bert_tf import model_dir, run_holder
 from bert_tf.data.packing import pack_examples
 from bert_tf.model_dir import EVAL_DIR, write_eval_results
 from bert_tf.models.encoder import PACKED_INPUT_NAMES
@@ -39,6 +40,7 @@ from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.auxiliary_lm import with_auxiliary_lm
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 from bert_tf.training.loop import Trainer, TrainSettings
+from bert_tf.training.strategy import is_chief
 
 logger = logging.getLogger("bert_tf.runners")
 
@@ -174,6 +176,12 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     if cfg.run is None:
         raise FinetuneError(f"{type(cfg).__name__}.run (the RunSettings) is required to run")
     check_request(cfg)
+    with run_holder.holding(cfg.output_dir, chief=is_chief(cfg.run.strategy)):  # raises OutputDirHeld (one line)
+        return _run_held(task, cfg)
+
+
+def _run_held(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[str, float]]:
+    """run_finetuning's steps once this run holds output_dir (bert_tf/run_holder.py)."""
     settings, out = cfg.run, cfg.output_dir
     pretrained = settings.pretrained
     record = dataclasses.replace(task.setup(pretrained), causal_attention=pretrained.causal)

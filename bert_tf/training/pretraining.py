@@ -39,7 +39,7 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from bert_tf import fileio, model_dir, pretrained
+from bert_tf import fileio, model_dir, pretrained, run_holder
 from bert_tf.configs import ConfigError, read_run_info, write_run_info
 from bert_tf.data import masking, packing, pipelines, schema
 from bert_tf.data.pretraining import max_predictions_needed
@@ -58,6 +58,7 @@ from bert_tf.training.pretraining_config import (  # noqa: F401  (their home: ch
     PretrainingConfig,
     PretrainingError,
 )
+from bert_tf.training.strategy import is_chief
 
 logger = logging.getLogger("bert_tf.pretraining")
 
@@ -257,20 +258,22 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     """Trains and/or evaluates as `config` says, a checked config (PretrainingConfig.validate: the script
     checks it before TensorFlow loads). Returns the eval results (None without do_eval).
 
-    Raises PretrainingError / pipelines.InputDataError (one line) on bad input,
+    Raises PretrainingError / pipelines.InputDataError (one line) on bad input, run_holder.OutputDirHeld
+    (one line) when another live run holds output_dir,
     loop.NonFiniteLossError on a NaN loss, loop.TrainingPreempted after SIGTERM.
     """
     # 1. the data: every file's first record, before anything is written
     train_files, eval_files, (train_masks, eval_masks) = _check_inputs(config)
-    # 2. output_dir holds no other run
-    _check_output_dir(config)
-    # 3. the Trainer: a fresh model from init_checkpoint, or output_dir's checkpoint resumed
-    trainer = build_trainer(config, strategy)
-    # 4. train; the side files are written once the run has restored or started and saves
-    if config.do_train:
-        _train(config, trainer, train_files, train_masks)
-    # 5. evaluate into eval_results.txt
-    return _evaluate(config, trainer, eval_files, eval_masks) if config.do_eval else None
+    # 2. output_dir held by this run alone (bert_tf/run_holder.py), and holding no other run's model
+    with run_holder.holding(config.output_dir, chief=is_chief(strategy)):
+        _check_output_dir(config)
+        # 3. the Trainer: a fresh model from init_checkpoint, or output_dir's checkpoint resumed
+        trainer = build_trainer(config, strategy)
+        # 4. train; the side files are written once the run has restored or started and saves
+        if config.do_train:
+            _train(config, trainer, train_files, train_masks)
+        # 5. evaluate into eval_results.txt
+        return _evaluate(config, trainer, eval_files, eval_masks) if config.do_eval else None
 
 
 def _check_inputs(config: PretrainingConfig):
