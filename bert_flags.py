@@ -45,6 +45,10 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_float("weight_decay_rate", 0.01, "Decoupled weight decay (not on LayerNorm or biases).")
     flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0 disables).")
     flags.DEFINE_integer("gradient_accumulation_steps", 1, "Micro-batches summed per optimizer step.")
+    flags.DEFINE_bool("gradient_checkpointing", None, "Keep only each Transformer block's input for the backward "
+                      "pass and compute the block again there: the same gradients with far less activation memory "
+                      "(longer sequences, bigger batches) for about a third more time per step. Default: off, or on "
+                      "where the model's Hugging Face config.json says \"gradient_checkpointing\": true.")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "How many steps to run per host call (and per log line).")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
@@ -68,11 +72,12 @@ def profile_steps():
     return first, last
 
 
-def train_settings(strategy=None):
+def train_settings(strategy=None, config_asks_checkpointing: bool = False):
     """The TrainSettings (bert_tf.training.loop) the shared training flags describe.
 
     XLA follows use_jit once the strategy exists; without one (checking the flags before the
-    strategy is built) it is off."""
+    strategy is built) it is off. `config_asks_checkpointing`: the model's config.json asks for
+    gradient checkpointing (use_gradient_checkpointing)."""
     from bert_tf.training.loop import TrainSettings
 
     jit = use_jit(strategy) if strategy is not None else False
@@ -83,7 +88,19 @@ def train_settings(strategy=None):
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps(),
+        gradient_checkpointing=use_gradient_checkpointing(config_asks_checkpointing),
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
+
+
+def use_gradient_checkpointing(config_asks: bool) -> bool:
+    """--gradient_checkpointing where given; otherwise on when the model's Hugging Face config.json asks for
+    it (`config_asks`, bert_tf.configs.asks_gradient_checkpointing), which is logged."""
+    chosen = FLAGS.gradient_checkpointing if "gradient_checkpointing" in FLAGS else None
+    if config_asks:
+        logging.getLogger("bert_tf").info(
+            "the model's config.json asks for gradient_checkpointing: %s", "on" if chosen is None else
+            f"--gradient_checkpointing={chosen} {'agrees' if chosen else 'keeps it off'}")
+    return bool(chosen) if chosen is not None else config_asks
 
 
 def use_gpu_xla_flags():
@@ -400,7 +417,7 @@ def finetune_settings():
     if FLAGS.length_buckets and (FLAGS.pack_sequences or FLAGS.dynamic_padding):
         fail("--length_buckets cannot be combined with --pack_sequences or --dynamic_padding: each shapes the "
              "batches its own way")
-    train = train_settings(strategy)
+    train = train_settings(strategy, pretrained.gradient_checkpointing)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
         strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences and not FLAGS.length_buckets)
     packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}

@@ -85,7 +85,7 @@ flags.DEFINE_bool("skip_corrupt_records", False, "Read on past corrupt or trunca
 
 def main(_):
     bert_flags.setup_logging()
-    from bert_tf.configs import BertConfig, ConfigError
+    from bert_tf.configs import BertConfig, ConfigError, asks_gradient_checkpointing
     from bert_tf.data.pipelines import InputDataError, expand_input_files
     from bert_tf.training.loop import TrainingError, TrainingPreempted
     from bert_tf.training.pretraining import (
@@ -112,10 +112,11 @@ def main(_):
     try:
         init_checkpoint, vocab_file, do_lower_case = FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case
         if init_checkpoint:
-            bert_config, vocab_file, do_lower_case, init_checkpoint = resolve_init_checkpoint(
-                init_checkpoint, FLAGS.bert_config_file, vocab_file, do_lower_case)
+            bert_config, vocab_file, do_lower_case, init_checkpoint, config_asks_checkpointing = \
+                resolve_init_checkpoint(init_checkpoint, FLAGS.bert_config_file, vocab_file, do_lower_case)
         else:
             bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
+            config_asks_checkpointing = asks_gradient_checkpointing(FLAGS.bert_config_file)
         input_files = expand_input_files(FLAGS.input_file)
         eval_files = expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None
         config = PretrainingConfig(
@@ -136,7 +137,7 @@ def main(_):
     except (ConfigError, InputDataError, PretrainingError) as e:
         fail(str(e))
     strategy = bert_flags.make_strategy()
-    config = dataclasses.replace(config, train=bert_flags.train_settings(strategy))
+    config = dataclasses.replace(config, train=bert_flags.train_settings(strategy, config_asks_checkpointing))
     try:
         results = run_pretraining(config, strategy)
     except (InputDataError, PretrainingError, TrainingError) as e:
