@@ -172,26 +172,25 @@ def test_which_config_files_ask_for_it(tmp_path, tiny_vocab_file):
     assert not resolve_pretrained(None, str(tmp_path / "off.json"), tiny_vocab_file).gradient_checkpointing
 
 
-@pytest.mark.parametrize("flag,expected,logged", [
-    ([], True, "on"),
-    (["--gradient_checkpointing=false"], False, "--gradient_checkpointing=False keeps it off"),
-    (["--gradient_checkpointing"], True, "--gradient_checkpointing=True agrees"),
-])
-def test_a_config_that_asks_turns_it_on_unless_the_flag_says_otherwise(tmp_path, tiny_vocab_file, caplog, flag,
-                                                                        expected, logged):
-    """Fine-tuning's settings from a Hugging Face config.json with "gradient_checkpointing": true."""
+def test_a_config_that_asks_turns_it_on_unless_the_flag_says_otherwise(tmp_path, tiny_vocab_file, caplog):
+    """Fine-tuning's settings from a Hugging Face config.json with "gradient_checkpointing": true, as the
+    flags leave it, turn it off or agree (one import of the script: its flags are defined once)."""
     config = _hf_config(tmp_path / "config.json", gradient_checkpointing=True)
+    cases = [([], True, "on"), (["--gradient_checkpointing=false"], False, "--gradient_checkpointing=False keeps it off"),
+             (["--gradient_checkpointing"], True, "--gradient_checkpointing=True agrees")]
     with imported_script("run_classifier") as script:
         import bert_flags
 
-        script.FLAGS.unparse_flags()
-        script.FLAGS(["run_classifier.py", f"--bert_config_file={config}", f"--vocab_file={tiny_vocab_file}",
-                      f"--output_dir={tmp_path / 'out'}", "--task_name=user", *flag])
-        with caplog.at_level("INFO", logger="bert_tf"):
-            settings = bert_flags.finetune_settings()
-    assert settings.train.gradient_checkpointing is expected
-    assert [r.getMessage() for r in caplog.records if "gradient_checkpointing" in r.getMessage()] == [
-        f"the model's config.json asks for gradient_checkpointing: {logged}"]
+        for flag, expected, logged in cases:
+            caplog.clear()
+            script.FLAGS.unparse_flags()
+            script.FLAGS(["run_classifier.py", f"--bert_config_file={config}", f"--vocab_file={tiny_vocab_file}",
+                          f"--output_dir={tmp_path / 'out'}", "--task_name=user", *flag])
+            with caplog.at_level("INFO", logger="bert_tf"):
+                settings = bert_flags.finetune_settings()
+            assert settings.train.gradient_checkpointing is expected
+            assert [r.getMessage() for r in caplog.records if "gradient_checkpointing" in r.getMessage()] == [
+                f"the model's config.json asks for gradient_checkpointing: {logged}"]
 
 
 def test_the_flag_through_run_pretraining(pretraining_data, tmp_path):
