@@ -52,6 +52,10 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_float("weight_decay_rate", 0.01, "Decoupled weight decay (not on LayerNorm or biases).")
     flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0 disables).")
     flags.DEFINE_integer("gradient_accumulation_steps", 1, "Micro-batches summed per optimizer step.")
+    flags.DEFINE_bool("gradient_checkpointing", None, "Keep only each Transformer block's input for the backward "
+                      "pass and compute the block again there: the same gradients with far less activation memory "
+                      "(longer sequences, bigger batches) for about a third more time per step. Default: off, or on "
+                      "where the model's Hugging Face config.json says \"gradient_checkpointing\": true.")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
     flags.DEFINE_integer("iterations_per_loop", None, "How many steps to run per host call (and per log line). "
                          "Default: from the measured step time, a line at least every 30 s and each tenth of the run.")
@@ -88,6 +92,7 @@ def train_settings():
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         seed=FLAGS.seed, profile_steps=profile_steps(),
+        gradient_checkpointing=bool(FLAGS.gradient_checkpointing) if "gradient_checkpointing" in FLAGS else False,
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
     try:
         settings.check()

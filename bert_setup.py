@@ -138,10 +138,23 @@ def use_whole_step(strategy, jit: bool) -> bool:
     return bool(chosen)
 
 
-def train_settings_for(train, strategy):
-    """`train` (bert_flags.train_settings, checked) with XLA as the strategy's devices decide: use_jit."""
+def train_settings_for(train, strategy, config_asks_checkpointing: bool = False):
+    """`train` (bert_flags.train_settings, checked) with XLA as the strategy's devices decide (use_jit), and
+    gradient checkpointing as the flag or the model's config.json asks (use_gradient_checkpointing)."""
     jit = use_jit(strategy)
-    return dataclasses.replace(train, jit_compile=jit, compile_whole_step=use_whole_step(strategy, jit))
+    return dataclasses.replace(train, jit_compile=jit, compile_whole_step=use_whole_step(strategy, jit),
+                               gradient_checkpointing=use_gradient_checkpointing(config_asks_checkpointing))
+
+
+def use_gradient_checkpointing(config_asks: bool) -> bool:
+    """--gradient_checkpointing where given; otherwise on when the model's Hugging Face config.json asks for
+    it (`config_asks`, bert_tf.configs.asks_gradient_checkpointing), which is logged."""
+    chosen = FLAGS.gradient_checkpointing if "gradient_checkpointing" in FLAGS else None
+    if config_asks:
+        logging.getLogger("bert_tf").info(
+            "the model's config.json asks for gradient_checkpointing: %s", "on" if chosen is None else
+            f"--gradient_checkpointing={chosen} {'agrees' if chosen else 'keeps it off'}")
+    return bool(chosen) if chosen is not None else config_asks
 
 
 def finetune_settings(train):
@@ -161,7 +174,7 @@ def finetune_settings(train):
         fail(str(e))
     bert_flags.overwrite_output_dir_if_asked()
     strategy = make_strategy()
-    train = train_settings_for(train, strategy)
+    train = train_settings_for(train, strategy, pretrained.gradient_checkpointing)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
         strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences and not FLAGS.length_buckets)
     packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}

@@ -135,7 +135,7 @@ def main(_):
     config = pretraining_config()
 
     bert_setup.setup_process()
-    from bert_tf.configs import ConfigError
+    from bert_tf.configs import ConfigError, asks_gradient_checkpointing
     from bert_tf.data.pipelines import InputDataError, expand_input_files
     from bert_tf.run_holder import OutputDirHeld
     from bert_tf.training.loop import TrainingError, TrainingPreempted
@@ -143,9 +143,12 @@ def main(_):
 
     try:
         changes = {}
+        config_asks_checkpointing = bool(FLAGS.bert_config_file) and asks_gradient_checkpointing(
+            FLAGS.bert_config_file)
         if FLAGS.init_checkpoint:
-            bert_config, vocab_file, do_lower_case, init_checkpoint = resolve_init_checkpoint(
-                FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.do_lower_case)
+            bert_config, vocab_file, do_lower_case, init_checkpoint, config_asks_checkpointing = \
+                resolve_init_checkpoint(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
+                                        FLAGS.do_lower_case)
             changes = dict(bert_config=bert_config, vocab_file=vocab_file, do_lower_case=do_lower_case,
                            init_checkpoint=init_checkpoint)
         config = dataclasses.replace(
@@ -157,7 +160,8 @@ def main(_):
         fail(str(e))
     bert_flags.overwrite_output_dir_if_asked()
     strategy = bert_setup.make_strategy()
-    config = dataclasses.replace(config, train=bert_setup.train_settings_for(config.train, strategy))
+    config = dataclasses.replace(config, train=bert_setup.train_settings_for(config.train, strategy,
+                                                                             config_asks_checkpointing))
     try:
         results = run_pretraining(config, strategy)
     except (InputDataError, PretrainingError, TrainingError, OutputDirHeld) as e:

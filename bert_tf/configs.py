@@ -250,6 +250,19 @@ def is_hf_config(values: Mapping[str, Any]) -> bool:
     return bool(_HF_MARKERS & set(values))
 
 
+def asks_gradient_checkpointing(path: str) -> bool:
+    """True for a Hugging Face config.json that says "gradient_checkpointing": true (transformers' former way
+    to ask for it). A training setting, not a model's: BertConfig leaves it out, the training scripts read
+    it here and turn it on (bert_flags.use_gradient_checkpointing). False for any other file or one that
+    does not parse (reading the config reports that)."""
+    try:
+        with fileio.open_file(path, "r") as f:
+            values = json.loads(f.read())
+    except (OSError, ValueError):
+        return False
+    return isinstance(values, Mapping) and is_hf_config(values) and values.get("gradient_checkpointing") is True
+
+
 def _from_hf(values: Mapping[str, Any], source: str) -> dict:
     """The BertConfig fields of a Hugging Face BERT config.json; a one-line ConfigError for a model we
     would compute differently."""

@@ -42,7 +42,14 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import checkpoints, model_dir
-from bert_tf.configs import BertConfig, TaskRecord, check_casing, expected_casing, read_run_info
+from bert_tf.configs import (
+    BertConfig,
+    TaskRecord,
+    asks_gradient_checkpointing,
+    check_casing,
+    expected_casing,
+    read_run_info,
+)
 from bert_tf.models.encoder import BertEncoder
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
 from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab, vocab_builder
@@ -72,6 +79,8 @@ class Pretrained:
     folder's pooling config, a bert_tf classifier's run info), else None.
     causal: the encoder attends left to right only (a model pretrained with
     --objective=ltr, as its bert_tf_info.json records); fine-tuning keeps the mask.
+    gradient_checkpointing: the config read is a Hugging Face config.json that asks for it
+    (configs.asks_gradient_checkpointing); the training scripts turn it on.
     """
 
     config: BertConfig
@@ -81,6 +90,7 @@ class Pretrained:
     do_lower_case: Optional[bool]
     causal: bool = False
     pooling: Optional[str] = None  # how the checkpoint reads a sentence, where it says (sentence_pooling)
+    gradient_checkpointing: bool = False
 
     def build_encoder(self):
         """A fresh `BertEncoder` of this config (causal when the checkpoint's is)."""
@@ -168,13 +178,15 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
             info.get("pooling", "cls" if info.get("task_type") in ("classification", "regression") else None)
 
     if bert_config_file:
-        config = BertConfig.from_json_file(bert_config_file)
+        config_file, hf = bert_config_file, None
     elif folder and os.path.exists(model_dir.config_path(folder)):
-        config = BertConfig.from_json_file(model_dir.config_path(folder))
+        config_file, hf = model_dir.config_path(folder), None
     elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
-        config = checkpoints.hf_config_to_bert_config(os.path.join(folder, "config.json"))
+        config_file, hf = os.path.join(folder, "config.json"), True
     else:
         raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
+    config = BertConfig.from_json_file(config_file, hf=hf)
+    checkpointing = asks_gradient_checkpointing(config_file)
 
     if not vocab_file:
         candidate = model_dir.vocab_path(folder) if folder else None
@@ -183,12 +195,12 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         elif require_vocab:
             raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
         else:  # pretraining reads token ids from its records
-            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal, pooling)
+            return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal, pooling, checkpointing)
     try:
         check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
     except VocabError as e:
         raise FinetuneError(str(e)) from None
-    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal, pooling)
+    return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal, pooling, checkpointing)
 
 
 def recorded_lower_case(pretrained: Pretrained) -> Optional[bool]:

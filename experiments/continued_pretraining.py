@@ -115,7 +115,7 @@ def pretraining_config(out_dir, minilm, data, vocab_name, sizes, seed, do_train)
     from bert_tf.training.pretraining import PretrainingConfig, resolve_init_checkpoint
 
     vocab_file = data["base_vocab"] if vocab_name == "base" else data["ext_vocab"]
-    bert_config, vocab_file, casing, init = resolve_init_checkpoint(minilm, vocab_file=vocab_file)
+    bert_config, vocab_file, casing, init, _ = resolve_init_checkpoint(minilm, vocab_file=vocab_file)
     steps = sizes["pretrain_steps"]
     return PretrainingConfig(
         bert_config=bert_config, input_files=[data["records"][(vocab_name, "train")]], output_dir=out_dir,

@@ -164,7 +164,9 @@ SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
               "test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window",
               "test_exported_tagger_answers_texts_that_fit_as_without_windows",
               "test_int8_exports_with_windows_stay_within_the_int8_bound",
-              "test_second_process_loads_the_compiled_program",
+              "test_second_process_loads_the_compiled_program", "test_the_flag_through_run_pretraining",
+              # whole tiny pretraining runs, two each (tests/test_gradient_checkpointing.py)
+              "test_the_trainer_recomputes_and_trains_the_same_weights", "test_mixed_precision_trains_the_same_weights",
               "test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere",
               "test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over"}
 

@@ -137,7 +137,7 @@ class SelfAttention(keras.layers.Layer):
         for layer in (self.query, self.key, self.value, self.output_dense):
             layer.build((None, None, self.hidden_size))
 
-    def call(self, x, input_mask, training=False, layout=None, queries=None, query_layout=None):
+    def call(self, x, input_mask, training=False, layout=None, queries=None, query_layout=None, dropout_seed=None):
         """Self-attention of the tokens x over themselves (before the residual).
 
         x: [B, S, H], or [T, H] token rows placed by `layout` (a TokenLayout);
@@ -148,7 +148,9 @@ class SelfAttention(keras.layers.Layer):
         rows otherwise.
 
         The mask, not a float bias, is passed in: Keras would cast a float
-        argument to bfloat16 under a mixed policy.
+        argument to bfloat16 under a mixed policy. `dropout_seed` int [2]: the
+        attention dropout's seed, drawn by the caller (a block recomputed in the
+        backward pass must drop the same probabilities twice); None draws one.
         """
         grid_input = layout is None
         if grid_input:
@@ -164,11 +166,11 @@ class SelfAttention(keras.layers.Layer):
         if self.attention_implementation == "cudnn" and training:
             context = self._cudnn_context(q, k, v, input_mask, separate_queries=queries is not x)  # [B, N, F, D]
         else:
-            context = self._context(q, k, v, input_mask, layout, training)  # [B, N, F, D]
+            context = self._context(q, k, v, input_mask, layout, training, dropout_seed)  # [B, N, F, D]
         out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]
         return query_layout.to_grid(out) if grid_input else out
 
-    def _context(self, q, k, v, input_mask, layout, training):
+    def _context(self, q, k, v, input_mask, layout, training, dropout_seed=None):
         """softmax(q k^T / sqrt(D) + mask bias) v in TensorFlow's ops: [B, N, F, D]."""
         scores = tf.matmul(q, k, transpose_b=True)  # [B, N, F, T]
         scale = 1.0 / math.sqrt(self.head_size)
@@ -176,7 +178,8 @@ class SelfAttention(keras.layers.Layer):
         if self.causal:
             bias = bias + causal_attention_bias(layout.seq)  # [B, 1, F, T]
         if self.dropout.fusable(training):
-            probs = dropped_softmax(scores, bias, scale, self.dropout.seed_generator.next(), float(self.dropout.rate))
+            seed = dropout_seed if dropout_seed is not None else self.dropout.seed_generator.next()
+            probs = dropped_softmax(scores, bias, scale, seed, float(self.dropout.rate))
         else:
             # tf.nn.softmax, the op ops.softmax runs, without its warning for one key (T = 1: a model built
             # on a one-token batch, as the Trainer finds its metric names; one key is a valid attention).

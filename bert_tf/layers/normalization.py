@@ -111,12 +111,14 @@ def layer_norm(x, gamma, beta, epsilon):
 class LayerNorm(keras.layers.LayerNormalization):
     """keras.layers.LayerNormalization(axis=-1) with scale and center, as BERT uses it."""
 
-    def add_and_norm(self, residual, y, dropout, training=False):
+    def add_and_norm(self, residual, y, dropout, training=False, seed=None):
         """self(residual + dropout(y)): one XLA kernel each way in training with a hashed `dropout`
-        (bert_tf.layers.dropout.Dropout); the plain layers otherwise."""
+        (bert_tf.layers.dropout.Dropout); the plain layers otherwise. `seed` int [2]: the mask's seed
+        drawn by the caller (a recomputed block repeats its mask); None draws one from `dropout`."""
         if not (isinstance(dropout, Dropout) and dropout.fusable(training)):
             return self(residual + dropout(y, training=training))
-        out = dropout_add_layer_norm(y, residual, dropout.seed_generator.next(), float(dropout.rate),
+        seed = seed if seed is not None else dropout.seed_generator.next()
+        out = dropout_add_layer_norm(y, residual, seed, float(dropout.rate),
                                      tf.convert_to_tensor(self.gamma, tf.float32),
                                      tf.convert_to_tensor(self.beta, tf.float32), self.epsilon)
         return tf.cast(out, self.compute_dtype)

@@ -3,10 +3,14 @@
     x = LN(x + dropout(attention(x)))
     x = LN(x + dropout(dense_H(act(dense_I(x)))))
 
+`recomputed` is the same block for gradient checkpointing: its activations are not
+kept for the backward pass, which runs the block again.
+
 Dimensions: B batch, S sequence, H hidden, I intermediate size.
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from bert_tf.layers.activations import Dense, get_activation
@@ -77,31 +81,55 @@ class TransformerBlock(keras.layers.Layer):
         self.output_dense.build((None, None, self.intermediate_size))
         self.output_layer_norm.build(hidden)
 
-    def call(self, x, input_mask, training=False, layout=None, query_rows=None):
+    def call(self, x, input_mask, training=False, layout=None, query_rows=None, dropout_seeds=None):
         """x: [B, S, H] compute dtype, or [T, H] token rows placed by `layout` (a TokenLayout);
         input_mask: int [B, S] (1 = real token).
 
         `query_rows` int [B, P] (rows of x) computes the block only for those
         tokens, attending over all of x, and returns [B * P, H]: what the
         encoder's last block needs when a head reads a few positions.
+        `dropout_seeds`: draw_dropout_seeds' seeds for this call's masks (None: drawn here).
         """
+        attention_seed, attention_output_seed, output_seed = dropout_seeds or (None, None, None)
         grid_input = layout is None
         if grid_input:
             layout = TokenLayout.dense(ops.shape(x)[0], ops.shape(x)[1])
             x = layout.to_rows(x)
         if query_rows is None:
             residual = x
-            attended = self.attention(x, input_mask, training=training, layout=layout)
+            attended = self.attention(x, input_mask, training=training, layout=layout, dropout_seed=attention_seed)
         else:
             residual = ops.take(x, ops.reshape(query_rows, (-1,)), axis=0)  # [B * P, H]
             query_layout = TokenLayout.dense(ops.shape(query_rows)[0], ops.shape(query_rows)[1])
             attended = self.attention(
-                x, input_mask, training=training, layout=layout, queries=residual, query_layout=query_layout
+                x, input_mask, training=training, layout=layout, queries=residual, query_layout=query_layout,
+                dropout_seed=attention_seed,
             )
-        x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training)
+        x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training,
+                                                   seed=attention_output_seed)
         y = self.output_dense(self.intermediate(x, training=training))
-        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training)
+        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training, seed=output_seed)
         return layout.to_grid(out) if grid_input and query_rows is None else out
+
+    def draw_dropout_seeds(self, training):
+        """The seeds (int [2] each, None where that dropout does nothing) of one call's three dropouts:
+        the attention probabilities', the attention output's and the block output's."""
+        dropouts = (self.attention.dropout, self.attention_dropout, self.output_dropout)
+        return tuple(d.seed_generator.next() if d.fusable(training) else None for d in dropouts)
+
+    def recomputed(self, x, input_mask, training=False, **kwargs):
+        """self(x, input_mask, ...) with the same outputs and gradients, keeping none of the block's
+        activations for the backward pass: it keeps x and runs the block again there (gradient
+        checkpointing, Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"), a second
+        forward pass for the memory of one block's activations at a time. The dropout seeds are drawn
+        once, here, so the second pass drops the same elements (hashed masks are functions of the seed:
+        bert_tf/layers/dropout.py); the mask, layout and query rows are not differentiated."""
+        seeds = self.draw_dropout_seeds(training)
+
+        def block(h):
+            return self(h, input_mask, training=training, dropout_seeds=seeds, **kwargs)
+
+        return tf.recompute_grad(block)(x)
 
     def get_config(self):
         config = super().get_config()

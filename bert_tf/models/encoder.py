@@ -73,14 +73,21 @@ class BertEncoder(keras.Model):
     (layers/attention.py ATTENTION_IMPLEMENTATIONS): "xla" (the default), or
     "cudnn", cuDNN's fused attention in an XLA-compiled step on an NVIDIA GPU.
     The same variables and the same function: checkpoints do not record it.
+
+    `gradient_checkpointing=True` keeps only each block's input for the backward pass, which
+    computes the block again (TransformerBlock.recomputed): the same gradients for about one
+    more forward pass, with the activations of one block alive at a time instead of all L.
+    A training setting (TrainSettings.gradient_checkpointing turns it on for a run's model);
+    inference calls are the same either way, and checkpoints do not record it.
     """
 
     def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False,
-                 attention_implementation: str = "xla", **kwargs):
+                 attention_implementation: str = "xla", gradient_checkpointing: bool = False, **kwargs):
         super().__init__(name=name, **kwargs)
         self.config = config
         self.causal = causal
         self.attention_implementation = attention_implementation
+        self.gradient_checkpointing = gradient_checkpointing
         policy = self.dtype_policy
         # --- layers
         self.embeddings = BertEmbeddings(
@@ -133,7 +140,7 @@ class BertEncoder(keras.Model):
         x, input_mask = self.embed(inputs, training=training)  # [B, S, H]
         encoder_outputs = []
         for block in self.blocks:
-            x = block(x, input_mask, training=training)  # [B, S, H]
+            x = self.run_block(block, x, input_mask, training)  # [B, S, H]
             encoder_outputs.append(x)
         return {"sequence_output": x, "pooled_output": self.pool(x, input_mask), "encoder_outputs": encoder_outputs}
 
@@ -195,12 +202,13 @@ class BertEncoder(keras.Model):
         rows = layout.to_rows(x)  # [T, H]
         *blocks, last_block = self.blocks
         for block in blocks:
-            rows = block(rows, input_mask, training=training, layout=layout)  # [T, H]
+            rows = self.run_block(block, rows, input_mask, training, layout=layout)  # [T, H]
         positions = ops.concatenate([ops.zeros((batch, 1), "int32"), ops.cast(positions, "int32")], 1)  # [B, 1 + P]
         query_rows = ops.reshape(layout.rows_of(positions), ops.shape(positions))  # [B, 1 + P]
         if len(input_mask.shape) == 3:  # packed: the mask rows of the queries, [B, 1 + P, S]
             input_mask = tf.gather(input_mask, positions, batch_dims=1)
-        out = last_block(rows, input_mask, training=training, layout=layout, query_rows=query_rows)  # [B * (1 + P), H]
+        out = self.run_block(last_block, rows, input_mask, training, layout=layout,
+                             query_rows=query_rows)  # [B * (1 + P), H]
         out = ops.reshape(out, (batch, ops.shape(positions)[1], self.config.hidden_size))  # [B, 1 + P, H]
         return {"pooled_output": self.pooler(out[:, 0, :]), "position_output": out[:, 1:, :]}
 
@@ -214,7 +222,7 @@ class BertEncoder(keras.Model):
                   else TokenLayout.dense(ops.shape(x)[0], ops.shape(x)[1]))
         rows = layout.to_rows(x)  # [T, H]
         for block in self.blocks:
-            rows = block(rows, attention, training=training, layout=layout)  # [T, H]
+            rows = self.run_block(block, rows, attention, training, layout=layout)  # [T, H]
         x = ops.cast(layout.to_grid(rows), "float32")  # [B, S, H]
         if slots is None:
             weights = ops.cast(inputs["input_mask"], "float32")[:, :, None]  # [B, S, 1]
@@ -232,7 +240,7 @@ class BertEncoder(keras.Model):
         rows = layout.to_rows(x)  # [T, H]
         encoder_outputs = []
         for block in self.blocks:
-            rows = block(rows, input_mask, training=training, layout=layout)  # [T, H]
+            rows = self.run_block(block, rows, input_mask, training, layout=layout)  # [T, H]
             encoder_outputs.append(layout.to_grid(rows))  # [B, S, H]
         x = encoder_outputs[-1]
         return {"sequence_output": x, "pooled_output": self.pool(x, input_mask), "encoder_outputs": encoder_outputs}
@@ -240,14 +248,22 @@ class BertEncoder(keras.Model):
     # --- config
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal,
-                "attention_implementation": self.attention_implementation, "dtype": self.dtype_policy.name}
+                "attention_implementation": self.attention_implementation,
+                "gradient_checkpointing": self.gradient_checkpointing, "dtype": self.dtype_policy.name}
 
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
                    causal=config.get("causal", False),
-                   attention_implementation=config.get("attention_implementation", "xla"), dtype=config.get("dtype"))
+                   attention_implementation=config.get("attention_implementation", "xla"),
+                   gradient_checkpointing=config.get("gradient_checkpointing", False), dtype=config.get("dtype"))
 
+
+    def run_block(self, block, x, input_mask, training, **kwargs):
+        """block(x, input_mask, ...); in training with gradient_checkpointing, recomputed in the backward pass."""
+        if self.gradient_checkpointing and training:
+            return block.recomputed(x, input_mask, training=training, **kwargs)
+        return block(x, input_mask, training=training, **kwargs)
 
     @property
     def blocks(self):

@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from bert_tf import model_dir as model_dir_lib
 from bert_tf import progress as progress_lib
+from bert_tf.checkpoint_names import encoder_of
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training import xla_cache, xla_gpu
 
@@ -141,6 +142,8 @@ class Trainer:
         self.is_chief = strategy_lib.is_chief(strategy)
         with strategy.scope(), dtype_policy(settings.mixed_precision):
             self.model = model_fn()
+            if settings.gradient_checkpointing:
+                encoder_of(self.model).gradient_checkpointing = True
             head = getattr(self.model, "head", None)
             if settings.head_learning_rate is not None and head is not None:
                 self.optimizer = optimizer_fn(self.model.trainable_variables, head.trainable_variables)
@@ -201,6 +204,7 @@ class Trainer:
                       head_learning_rate=c.learning_rate if c.head_learning_rate is None else c.head_learning_rate,
                       optimizer=c.optimizer, weight_decay_rate=c.weight_decay_rate,
                       clip_norm=c.clip_norm, precision=c.mixed_precision, jit_compile=c.jit_compile,
+                      gradient_checkpointing=c.gradient_checkpointing,
                       gradient_accumulation_steps=c.gradient_accumulation_steps, seed=-1 if c.seed is None else c.seed,
                       train_batch_size=self.global_batch_size, train_steps=self.train_steps,
                       replicas=self.strategy.num_replicas_in_sync, parameters=count_parameters(self.model))
@@ -260,6 +264,7 @@ class Trainer:
             f"precision: {c.mixed_precision}, XLA: "
             + ("on, the whole step as one program" if c.compile_whole_step else "on" if c.jit_compile else "off")
             + f", clip_norm {c.clip_norm}, XLA cache: {xla_cache.current() or 'none'}"
+            + f", gradient checkpointing: {'on' if c.gradient_checkpointing else 'off'}"
             + (f", XLA GPU flags: {gpu_flags}" if gpu_flags else ""),
             f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
             + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")

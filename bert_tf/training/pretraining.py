@@ -134,7 +134,8 @@ def _write_side_files(config: PretrainingConfig) -> None:
 
 def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str] = None,
                             vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None):
-    """(BertConfig, vocab file, do_lower_case, checkpoint path) for continuing from `init_checkpoint`.
+    """(BertConfig, vocab file, do_lower_case, checkpoint path, whether its config asks for gradient
+    checkpointing: Pretrained.gradient_checkpointing) for continuing from `init_checkpoint`.
 
     What is not given comes from the checkpoint's folder as for fine-tuning (bert_config.json or
     config.json, vocab.txt, the recorded casing); without a vocab anywhere the vocab file is None
@@ -148,7 +149,7 @@ def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str
     except (pretrained.FinetuneError, ConfigError, VocabError) as e:
         raise PretrainingError(str(e).strip().splitlines()[0]) from None
     casing = do_lower_case if do_lower_case is not None else start.do_lower_case
-    return start.config, start.vocab_file, casing, start.init_checkpoint
+    return start.config, start.vocab_file, casing, start.init_checkpoint, start.gradient_checkpointing
 
 
 def _init_fn(config: PretrainingConfig):

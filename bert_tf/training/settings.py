@@ -44,6 +44,10 @@ class TrainSettings:
     # than the gradient step and the update apart (step.py TrainStep whole_step): one device, with
     # jit_compile; the scripts' default on one GPU (bert_setup.use_whole_step; 1.10x on an H200).
     compile_whole_step: bool = False
+    # Recompute each Transformer block's activations in the backward pass instead of keeping them
+    # (BertEncoder.gradient_checkpointing): the same gradients, the activation memory of one block at
+    # a time for about one more forward pass per step (docs/pretraining.md).
+    gradient_checkpointing: bool = False
     # Clock each step's wait for its batch (speed/input_wait_* in TensorBoard). The clock orders the host
     # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
     # the next step; off, the host runs ahead (a GPU candidate, benchmarks/bench_pretraining.py +noclock).
