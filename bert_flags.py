@@ -210,6 +210,15 @@ def check_overwrite_protected(protected=()):
     for path in (p.strip() for paths in protected if paths for p in paths.split(",")):
         if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
             fail(f"--overwrite_output_dir would delete {path} (inside --output_dir {FLAGS.output_dir})")
+    if not fileio.is_remote(FLAGS.output_dir):  # (a gs:// folder's holder is read after set-up)
+        _refuse_overwriting_a_held_folder()
+
+
+def _refuse_overwriting_a_held_folder():
+    from bert_tf.run_holder import held_message
+
+    if held := held_message(FLAGS.output_dir):  # never clear a folder a live run holds
+        fail(f"--overwrite_output_dir: {held}")
 
 
 def overwrite_output_dir_if_asked():
@@ -218,10 +227,9 @@ def overwrite_output_dir_if_asked():
     if not FLAGS.overwrite_output_dir or not FLAGS.output_dir:
         return
     from bert_tf.model_dir import clear_model_dir
-    from bert_tf.run_holder import held_message
 
-    if held := held_message(FLAGS.output_dir):  # never clear a folder a live run holds
-        fail(f"--overwrite_output_dir: {held}")
+    if fileio.is_remote(FLAGS.output_dir):
+        _refuse_overwriting_a_held_folder()
     clear_model_dir(FLAGS.output_dir)
 
 

@@ -253,7 +253,7 @@ def is_hf_config(values: Mapping[str, Any]) -> bool:
 def asks_gradient_checkpointing(path: str) -> bool:
     """True for a Hugging Face config.json that says "gradient_checkpointing": true (transformers' former way
     to ask for it). A training setting, not a model's: BertConfig leaves it out, the training scripts read
-    it here and turn it on (bert_flags.use_gradient_checkpointing). False for any other file or one that
+    it here and turn it on (bert_setup.use_gradient_checkpointing). False for any other file or one that
     does not parse (reading the config reports that)."""
     try:
         with fileio.open_file(path, "r") as f:

@@ -180,6 +180,7 @@ def test_a_config_that_asks_turns_it_on_unless_the_flag_says_otherwise(tmp_path,
              (["--gradient_checkpointing"], True, "--gradient_checkpointing=True agrees")]
     with imported_script("run_classifier") as script:
         import bert_flags
+        import bert_setup
 
         for flag, expected, logged in cases:
             caplog.clear()
@@ -187,7 +188,7 @@ def test_a_config_that_asks_turns_it_on_unless_the_flag_says_otherwise(tmp_path,
             script.FLAGS(["run_classifier.py", f"--bert_config_file={config}", f"--vocab_file={tiny_vocab_file}",
                           f"--output_dir={tmp_path / 'out'}", "--task_name=user", *flag])
             with caplog.at_level("INFO", logger="bert_tf"):
-                settings = bert_flags.finetune_settings()
+                settings = bert_setup.finetune_settings(bert_flags.check_finetune_flags())
             assert settings.train.gradient_checkpointing is expected
             assert [r.getMessage() for r in caplog.records if "gradient_checkpointing" in r.getMessage()] == [
                 f"the model's config.json asks for gradient_checkpointing: {logged}"]
