@@ -7,7 +7,8 @@ makes (bert_tf.tasks.glue.convert_examples_to_windows: windows over the text, or
 text_a whole in each, starts min(doc_stride, room) pieces apart, the last reaching the end),
 running the model on every window and aggregating their logits per input as
 bert_tf.tasks.windows.aggregate_windows does (one definition: bert_tf.tasks.window_aggregation; mean, max,
-logmeanexp, any or first). serve_ids and preprocess stay one row per input (truncated). The export metadata records the settings.
+logmeanexp, any or first). serve_ids and preprocess stay one row per input (truncated). The export metadata
+records the settings.
 
 `windowed(TaggingServing, doc_stride)` is the tagger with serving_default cutting each text's pieces
 into the windows run_ner.py makes with --doc_stride (bert_tf.tasks.conll) and tagging each word in
