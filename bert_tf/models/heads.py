@@ -12,6 +12,8 @@ sequence, L labels, C choices.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import keras
 import tensorflow as tf
 from keras import ops
@@ -172,32 +174,53 @@ class MaskedLMHead(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="bert_tf")
-class NextSentenceHead(keras.layers.Layer):
-    """2-way classifier on the pooled output; label 0 = IsNext, 1 = random next."""
+class _ProjectionHead(keras.layers.Layer):
+    """What the heads below share: an OutputProjection to `units` (named as the original names its weights),
+    after dropout when `dropout_rate` is given; hidden_size, initializer_range (and dropout_rate) in the config.
+    Each head adds its own arguments to its config."""
 
-    def __init__(self, hidden_size: int, initializer_range: float = 0.02, name: str = "next_sentence", **kwargs):
+    def __init__(self, units: int, hidden_size: int, initializer_range: float, projection_name: str,
+                 dropout_rate: Optional[float] = None, **kwargs):
         kwargs.setdefault("dtype", HEAD_DTYPE)
-        super().__init__(name=name, **kwargs)
+        super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
-        self.projection = OutputProjection(2, hidden_size, initializer_range, name="seq_relationship")
+        self.dropout_rate = dropout_rate
+        if dropout_rate is not None:
+            self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.projection = OutputProjection(units, hidden_size, initializer_range, name=projection_name)
 
     def build(self, input_shape=None):
         self.projection.build()
 
-    def call(self, pooled_output):
-        """pooled_output [B, H] -> float32 logits [B, 2]."""
-        return self.projection(pooled_output)
+    def project(self, x, training=False):
+        """x [..., H] -> float32 [..., units], dropout first when the head has it."""
+        if self.dropout_rate is not None:
+            x = self.dropout(ops.cast(x, self.compute_dtype), training=training)
+        return self.projection(x)
 
     def get_config(self):
         config = super().get_config()
         config.update(hidden_size=self.hidden_size, initializer_range=self.initializer_range)
+        if self.dropout_rate is not None:
+            config.update(dropout_rate=self.dropout_rate)
         return config
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")
-class ClassificationHead(keras.layers.Layer):
+class NextSentenceHead(_ProjectionHead):
+    """2-way classifier on the pooled output; label 0 = IsNext, 1 = random next."""
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02, name: str = "next_sentence", **kwargs):
+        super().__init__(2, hidden_size, initializer_range, "seq_relationship", name=name, **kwargs)
+
+    def call(self, pooled_output):
+        """pooled_output [B, H] -> float32 logits [B, 2]."""
+        return self.project(pooled_output)
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class ClassificationHead(_ProjectionHead):
     """Dropout on the pooled output, then a dense layer to `num_labels` (1 = regression)."""
 
     def __init__(
@@ -209,61 +232,32 @@ class ClassificationHead(keras.layers.Layer):
         name: str = "classifier",
         **kwargs,
     ):
-        kwargs.setdefault("dtype", HEAD_DTYPE)
-        super().__init__(name=name, **kwargs)
+        super().__init__(num_labels, hidden_size, initializer_range, "output", dropout_rate, name=name, **kwargs)
         self.num_labels = num_labels
-        self.hidden_size = hidden_size
-        self.initializer_range = initializer_range
-        self.dropout_rate = dropout_rate
-        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
-        self.projection = OutputProjection(num_labels, hidden_size, initializer_range, name="output")
-
-    def build(self, input_shape=None):
-        self.projection.build()
 
     def call(self, pooled_output, training=False):
         """pooled_output [B, H] -> float32 logits [B, L]."""
-        x = self.dropout(ops.cast(pooled_output, self.compute_dtype), training=training)
-        return self.projection(x)
+        return self.project(pooled_output, training=training)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_labels=self.num_labels,
-            hidden_size=self.hidden_size,
-            initializer_range=self.initializer_range,
-            dropout_rate=self.dropout_rate,
-        )
-        return config
+        return dict(super().get_config(), num_labels=self.num_labels)
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")
-class SpanHead(keras.layers.Layer):
+class SpanHead(_ProjectionHead):
     """A dense layer to 2 on every position: start and end logits (SQuAD)."""
 
     def __init__(self, hidden_size: int, initializer_range: float = 0.02, name: str = "span", **kwargs):
-        kwargs.setdefault("dtype", HEAD_DTYPE)
-        super().__init__(name=name, **kwargs)
-        self.hidden_size = hidden_size
-        self.initializer_range = initializer_range
-        self.projection = OutputProjection(2, hidden_size, initializer_range, name="squad")
-
-    def build(self, input_shape=None):
-        self.projection.build()
+        super().__init__(2, hidden_size, initializer_range, "squad", name=name, **kwargs)
 
     def call(self, sequence_output):
         """sequence_output [B, S, H] -> (start_logits, end_logits), each float32 [B, S]."""
-        logits = self.projection(sequence_output)  # [B, S, 2]
+        logits = self.project(sequence_output)  # [B, S, 2]
         return logits[..., 0], logits[..., 1]
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(hidden_size=self.hidden_size, initializer_range=self.initializer_range)
-        return config
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")
-class MultipleChoiceHead(keras.layers.Layer):
+class MultipleChoiceHead(_ProjectionHead):
     """One score per (context, choice) from its pooled output; softmax is over the choices."""
 
     def __init__(
@@ -275,33 +269,16 @@ class MultipleChoiceHead(keras.layers.Layer):
         name: str = "multiple_choice",
         **kwargs,
     ):
-        kwargs.setdefault("dtype", HEAD_DTYPE)
-        super().__init__(name=name, **kwargs)
+        super().__init__(1, hidden_size, initializer_range, "output", dropout_rate, name=name, **kwargs)
         self.num_choices = num_choices
-        self.hidden_size = hidden_size
-        self.initializer_range = initializer_range
-        self.dropout_rate = dropout_rate
-        self.dropout = Dropout(dropout_rate, dtype=self.dtype_policy)
-        self.projection = OutputProjection(1, hidden_size, initializer_range, name="output")
-
-    def build(self, input_shape=None):
-        self.projection.build()
 
     def call(self, pooled_output, training=False):
         """pooled_output [B * C, H] (choices of one example adjacent) -> float32 logits [B, C]."""
-        x = self.dropout(ops.cast(pooled_output, self.compute_dtype), training=training)
-        scores = self.projection(x)  # [B * C, 1]
+        scores = self.project(pooled_output, training=training)  # [B * C, 1]
         return ops.reshape(scores, (-1, self.num_choices))  # [B, C]
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_choices=self.num_choices,
-            hidden_size=self.hidden_size,
-            initializer_range=self.initializer_range,
-            dropout_rate=self.dropout_rate,
-        )
-        return config
+        return dict(super().get_config(), num_choices=self.num_choices)
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")

@@ -9,34 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.windows import any_outputs
-
-# A masked slot's logit before max and logmeanexp: far below any real one, finite so no inf - inf appears.
-EMPTY_SLOT_LOGIT = -1e9
-
-
-def aggregate_slots(logits: tf.Tensor, window_mask: tf.Tensor, aggregation: str) -> tf.Tensor:
-    """float [B, K, L] logits of each input's window slots, window_mask int [B, K] (1: a window) -> [B, L]:
-    bert_tf.tasks.windows.aggregate_windows over each input's windows, empty slots left out. Every input has
-    its first slot filled. Under max each unit's gradient goes to its largest window only (ties share it)."""
-    mask = tf.cast(window_mask, logits.dtype)[:, :, None]  # [B, K, 1]
-    count = tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)  # [B, 1]
-    if aggregation == "first":
-        return logits[:, 0]
-    if aggregation == "mean":
-        return tf.reduce_sum(logits * mask, axis=1) / count
-    if aggregation == "any":  # noisy-OR: the first label only when every window says so
-        logp = tf.nn.log_softmax(logits)  # [B, K, L]
-        none = tf.reduce_sum(logp[:, :, :1] * mask, axis=1)  # [B, 1]
-        rest = tf.reduce_logsumexp(tf.where(mask > 0, logp[:, :, 1:], EMPTY_SLOT_LOGIT), axis=1)  # [B, L - 1]
-        return any_outputs(none, rest)
-    masked = tf.where(mask > 0, logits, EMPTY_SLOT_LOGIT)  # [B, K, L]
-    top = tf.reduce_max(masked, axis=1)  # [B, L]
-    if aggregation == "max":
-        return top
-    if aggregation == "logmeanexp":  # top + log(mean(exp(x - top))): exact, and no overflow
-        return top + tf.math.log(tf.reduce_sum(tf.exp(masked - top[:, None, :]) * mask, axis=1) / count)
-    raise ValueError(f"window aggregation must be mean, max, logmeanexp, any or first, got {aggregation!r}")
+from bert_tf.tasks.window_aggregation import aggregate_slots
 
 
 def window_slot_logits(model, batch, training) -> tf.Tensor:
@@ -76,4 +49,4 @@ def clean_negatives_loss(logits: tf.Tensor, window_mask: tf.Tensor, labels: tf.T
     return loss, tf.reduce_sum(weights * correct) / denominator
 
 
-__all__ = ["EMPTY_SLOT_LOGIT", "aggregate_slots", "clean_negatives_loss", "slot_logits", "window_slot_logits"]
+__all__ = ["clean_negatives_loss", "slot_logits", "window_slot_logits"]

@@ -6,8 +6,9 @@ its text signatures (serving_default, serve_text) cutting each text into the win
 makes (bert_tf.tasks.glue.convert_examples_to_windows: windows over the text, or over text_b with
 text_a whole in each, starts min(doc_stride, room) pieces apart, the last reaching the end),
 running the model on every window and aggregating their logits per input as
-bert_tf.tasks.windows.aggregate_windows does (mean, max, logmeanexp, any or first). serve_ids and preprocess stay
-one row per input (truncated). The export metadata records the settings.
+bert_tf.tasks.windows.aggregate_windows does (one definition: bert_tf.tasks.window_aggregation; mean, max,
+logmeanexp, any or first). serve_ids and preprocess stay one row per input (truncated). The export metadata
+records the settings.
 
 `windowed(TaggingServing, doc_stride)` is the tagger with serving_default cutting each text's pieces
 into the windows run_ner.py makes with --doc_stride (bert_tf.tasks.conll) and tagging each word in
@@ -26,7 +27,8 @@ import tensorflow as tf
 from bert_tf.serving.module import our_names, string_spec
 from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import pack_pair
-from bert_tf.tasks.windows import ANY_FLOOR, MAX_CONTEXT_LENGTH_WEIGHT
+from bert_tf.tasks.window_aggregation import aggregate_slots
+from bert_tf.tasks.windows import AGGREGATIONS, MAX_CONTEXT_LENGTH_WEIGHT
 
 
 def window_steps(n: tf.Tensor, room, doc_stride: int):
@@ -91,32 +93,13 @@ def max_context_windows(first: tf.RaggedTensor, n: tf.Tensor, room: int, doc_str
     return first.with_flat_values(window), first.with_flat_values(piece - owner * step_n + 1)
 
 
-def any_outputs(none: tf.Tensor, rest: tf.Tensor) -> tf.Tensor:
-    """The "any" aggregation's log-probabilities [B, L] from log P(first label) [B, 1] (the sum of the windows')
-    and the other labels' log-sum-exp of log-probabilities over the windows [B, L - 1]: the first gets its
-    product, the others share 1 - it in proportion (bert_tf.tasks.windows.any_windows)."""
-    found = tf.math.log(-tf.math.expm1(tf.minimum(none, -ANY_FLOOR)))  # log(1 - P(first)), [B, 1]
-    return tf.concat([none, found + tf.nn.log_softmax(rest)], axis=1)
-
-
 def aggregate(logits: tf.Tensor, example: tf.Tensor, count: tf.Tensor, aggregation: str) -> tf.Tensor:
-    """float [W, L] -> [B, L]: each input's windows' mean, per-unit max, per-unit log(mean(exp)), "any"
-    (log-probabilities, any_outputs) or first window (windows in input order)."""
-    if aggregation == "mean":
-        return tf.math.segment_mean(logits, example)
-    if aggregation == "max":
-        return tf.math.segment_max(logits, example)
-    if aggregation == "logmeanexp":  # max + log(mean(exp(x - max))): exact, and no overflow
-        top = tf.math.segment_max(logits, example)  # [B, L]
-        return top + tf.math.log(tf.math.segment_mean(tf.exp(logits - tf.gather(top, example)), example))
-    if aggregation == "any":  # noisy-OR over the windows: the first label only when every window says so
-        logp = tf.nn.log_softmax(logits)  # [W, L]
-        top = tf.math.segment_max(logp[:, 1:], example)  # [B, L - 1]
-        rest = top + tf.math.log(tf.math.segment_sum(tf.exp(logp[:, 1:] - tf.gather(top, example)), example))
-        return any_outputs(tf.math.segment_sum(logp[:, :1], example), rest)
-    if aggregation == "first":
-        return tf.gather(logits, tf.cumsum(count, exclusive=True))
-    raise ValueError(f"window aggregation must be mean, max, logmeanexp, any or first, got {aggregation!r}")
+    """float [W, L] outputs of every window, example int [W] the input of each (window_inputs' order: each
+    input's windows together, in order), count [B] each input's windows -> [B, L]:
+    bert_tf.tasks.window_aggregation.aggregate_slots over the windows moved into slots [B, max(count), L]."""
+    rows = tf.RaggedTensor.from_value_rowids(logits, tf.cast(example, tf.int64), nrows=tf.size(count, tf.int64))
+    slots = rows.to_tensor()  # [B, K, L], empty slots zero (masked)
+    return aggregate_slots(slots, tf.sequence_mask(rows.row_lengths(), tf.shape(slots, tf.int64)[1]), aggregation)
 
 
 class _Windows:
@@ -186,6 +169,7 @@ def windowed(serving_class: type, doc_stride: int, aggregation: Optional[str] = 
                              "does not apply")
         mixin, settings = _TaggingWindows, {}
     else:
-        aggregate(tf.zeros([1, 2]), tf.zeros([1], tf.int32), tf.ones([1], tf.int64), aggregation)  # a bad name: now
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"window aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
         mixin, settings = _Windows, {"aggregation": aggregation}
     return type(f"Windowed{serving_class.__name__}", (mixin, serving_class), {"doc_stride": int(doc_stride), **settings})

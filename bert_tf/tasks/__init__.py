@@ -8,8 +8,14 @@ Modules (import the one you need; this package imports nothing heavy):
   conll          CoNLL-2003 named-entity recognition and conlleval scoring
 
 Everything here is plain Python / numpy, so the runners can wrap the features in
-`tf.data` however they batch (fixed shapes on TPU, by length elsewhere).
+`tf.data` however they batch (fixed shapes on TPU, by length elsewhere); the one exception,
+window_aggregation (the window aggregations, in TensorFlow), is loaded only where it is called.
+Each task's `features_to_arrays` stacks its features with `padded_arrays` and adds its own fields.
 """
+
+from typing import Dict, Mapping, Optional, Sequence
+
+import numpy as np
 
 
 class TaskDataError(ValueError):
@@ -19,6 +25,37 @@ class TaskDataError(ValueError):
 # Label id of word pieces (and [CLS]/[SEP]/padding) that carry no label in token
 # classification; the same convention as other BERT tooling, so masks are `label_ids != IGNORE_LABEL_ID`.
 IGNORE_LABEL_ID = -100
+# The token fields every task's features carry, one int per position.
+INPUT_FIELDS = ("input_ids", "input_mask", "segment_ids")
+
+
+def padded_arrays(features: Sequence, seq_length: Optional[int] = None, fields: Sequence[str] = INPUT_FIELDS,
+                  fill: Optional[Mapping[str, int]] = None, choices: Optional[int] = None,
+                  what: str = "a feature") -> Dict[str, np.ndarray]:
+    """The features' token fields stacked into padded arrays: field -> int32 [N, S], or [N, C, S] with `choices`
+    C (each feature holds C sequences per field, SWAG's endings).
+
+    S is `seq_length`, or the longest sequence when None; each sequence is padded with fill[field] (default 0)
+    after its own length. ValueError ("<what> has n tokens, more than seq_length S") when a sequence is longer.
+    """
+    fill = fill or {}
+    rows = {k: [getattr(f, k) for f in features] for k in fields}
+    if choices is not None:
+        if any(len(r) != choices for k in fields for r in rows[k]):
+            raise ValueError(f"every feature needs {choices} sequences per field")
+        rows = {k: [seq for r in rows[k] for seq in r] for k in fields}  # [N * C] sequences
+    longest = max((len(seq) for k in fields for seq in rows[k]), default=0)
+    seq_length = longest if seq_length is None else seq_length
+    if longest > seq_length:
+        raise ValueError(f"{what} has {longest} tokens, more than seq_length {seq_length}")
+    shape = (len(features),) if choices is None else (len(features), choices)
+    out = {}
+    for k in fields:
+        grid = np.full((len(rows[k]), seq_length), fill.get(k, 0), np.int32)
+        for i, seq in enumerate(rows[k]):
+            grid[i, : len(seq)] = seq
+        out[k] = grid.reshape(shape + (seq_length,))
+    return out
 
 
 def read_text(path: str) -> str:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, read_text
+from bert_tf.tasks import IGNORE_LABEL_ID, INPUT_FIELDS, TaskDataError, padded_arrays, read_text
 from bert_tf.tasks.glue import tokens_to_ids
 from bert_tf.tasks.windows import check_is_max_context, doc_spans_for
 
@@ -218,18 +218,7 @@ def _tokenize_words(tokenizer, words: Sequence[str]) -> List[List[str]]:
 def features_to_arrays(features: Sequence[NerFeatures], seq_length: Optional[int] = None) -> Dict[str, np.ndarray]:
     """input_ids, input_mask, segment_ids: int32 [N, S] zero-padded; label_ids: int32 [N, S]
     padded with IGNORE_LABEL_ID (mask the loss with `label_ids != IGNORE_LABEL_ID`)."""
-    longest = max((len(f.input_ids) for f in features), default=0)
-    seq_length = longest if seq_length is None else seq_length
-    if longest > seq_length:
-        raise ValueError(f"a feature has {longest} tokens, more than seq_length {seq_length}")
-    n = len(features)
-    out = {k: np.zeros([n, seq_length], np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
-    out["label_ids"] = np.full([n, seq_length], IGNORE_LABEL_ID, np.int32)
-    for i, f in enumerate(features):
-        for key, values in (("input_ids", f.input_ids), ("input_mask", f.input_mask),
-                            ("segment_ids", f.segment_ids), ("label_ids", f.label_ids)):
-            out[key][i, : len(values)] = values
-    return out
+    return padded_arrays(features, seq_length, INPUT_FIELDS + ("label_ids",), fill={"label_ids": IGNORE_LABEL_ID})
 
 
 def window_predictions_to_labels(

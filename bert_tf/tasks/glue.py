@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.tasks import TaskDataError, padded_arrays, read_text
 from bert_tf.tasks.metrics import compute_metrics
 from bert_tf.tasks.windows import doc_spans_for
 
@@ -542,16 +542,7 @@ def features_to_arrays(features: Sequence[InputFeatures], seq_length: Optional[i
     Returns input_ids, input_mask, segment_ids: int32 [N, S] with S = `seq_length` or the
     longest feature; label_ids: int32 [N] (float32 [N] for regression); is_real_example: int32 [N].
     """
-    longest = max((len(f.input_ids) for f in features), default=0)
-    seq_length = longest if seq_length is None else seq_length
-    if longest > seq_length:
-        raise ValueError(f"a feature has {longest} tokens, more than seq_length {seq_length}")
-    n = len(features)
-    out = {k: np.zeros([n, seq_length], np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
-    for i, f in enumerate(features):
-        out["input_ids"][i, : len(f.input_ids)] = f.input_ids
-        out["input_mask"][i, : len(f.input_mask)] = f.input_mask
-        out["segment_ids"][i, : len(f.segment_ids)] = f.segment_ids
+    out = padded_arrays(features, seq_length)
     regression = any(isinstance(f.label_id, float) for f in features)
     out["label_ids"] = np.array([f.label_id for f in features], np.float32 if regression else np.int32)
     out["is_real_example"] = np.array([int(f.is_real_example) for f in features], np.int32)

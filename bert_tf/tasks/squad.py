@@ -33,7 +33,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.tasks import TaskDataError, padded_arrays, read_text
 from bert_tf.tasks.glue import tokenize_all, tokens_to_ids
 from bert_tf.tasks.windows import MAX_CONTEXT_LENGTH_WEIGHT, check_is_max_context, doc_spans_for  # noqa: F401
 from bert_tf.tokenization import BasicTokenizer
@@ -304,16 +304,7 @@ def convert_examples_to_features(
 def features_to_arrays(features: Sequence[SquadFeatures], seq_length: Optional[int] = None) -> Dict[str, np.ndarray]:
     """Zero-padded arrays: input_ids, input_mask, segment_ids int32 [N, S]; unique_ids int64 [N];
     start_positions, end_positions int32 [N] when the features carry them (training)."""
-    longest = max((len(f.input_ids) for f in features), default=0)
-    seq_length = longest if seq_length is None else seq_length
-    if longest > seq_length:
-        raise ValueError(f"a feature has {longest} tokens, more than seq_length {seq_length}")
-    n = len(features)
-    out = {k: np.zeros([n, seq_length], np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
-    for i, f in enumerate(features):
-        out["input_ids"][i, : len(f.input_ids)] = f.input_ids
-        out["input_mask"][i, : len(f.input_mask)] = f.input_mask
-        out["segment_ids"][i, : len(f.segment_ids)] = f.segment_ids
+    out = padded_arrays(features, seq_length)
     out["unique_ids"] = np.array([f.unique_id for f in features], np.int64)
     if features and features[0].start_position is not None:
         out["start_positions"] = np.array([f.start_position for f in features], np.int32)

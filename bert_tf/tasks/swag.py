@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.tasks import TaskDataError, padded_arrays, read_text
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
 
 NUM_CHOICES = 4
@@ -121,17 +121,7 @@ def convert_examples_to_features(
 
 def features_to_arrays(features: Sequence[SwagFeatures], seq_length: Optional[int] = None) -> Dict[str, np.ndarray]:
     """input_ids, input_mask, segment_ids: int32 [N, C, S] zero-padded; label_ids: int32 [N]."""
-    longest = max((len(ids) for f in features for ids in f.input_ids), default=0)
-    seq_length = longest if seq_length is None else seq_length
-    if longest > seq_length:
-        raise ValueError(f"a choice has {longest} tokens, more than seq_length {seq_length}")
-    n = len(features)
-    out = {k: np.zeros([n, NUM_CHOICES, seq_length], np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
-    for i, f in enumerate(features):
-        for k in range(NUM_CHOICES):
-            out["input_ids"][i, k, : len(f.input_ids[k])] = f.input_ids[k]
-            out["input_mask"][i, k, : len(f.input_mask[k])] = f.input_mask[k]
-            out["segment_ids"][i, k, : len(f.segment_ids[k])] = f.segment_ids[k]
+    out = padded_arrays(features, seq_length, choices=NUM_CHOICES, what="a choice")
     out["label_ids"] = np.array([f.label_id for f in features], np.int32)
     return out
 

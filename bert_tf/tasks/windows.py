@@ -6,12 +6,13 @@ One home for the window rules every task shares (SQuAD, classification, tagging)
 - `check_is_max_context`: of the windows holding a piece, the one that gives it the most
   context on its shorter side (SQuAD's max-context rule) owns it;
 - `aggregate_windows`: per-window outputs [M, L] -> one output per input [N, L] by
-  AGGREGATIONS ("mean", "max", "logmeanexp", "any" or "first");
+  AGGREGATIONS ("mean", "max", "logmeanexp", "any" or "first"), as training and the export compute them
+  (bert_tf.tasks.window_aggregation: one definition, in TensorFlow);
 - `windows_in_slots`: the windows of each input side by side in a fixed number of slots, for training
   on the aggregate (WINDOW_TRAINING "aggregate": the loss is taken on each input's aggregated output);
 - `select_windows`: the windows a round of top-k selection trains on, each with its own label.
 
-Plain numpy; no TensorFlow.
+Plain numpy; no TensorFlow on import (the flag checks read this module): aggregate_windows loads it when called.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ import numpy as np
 MAX_CONTEXT_LENGTH_WEIGHT = 0.01
 
 LONG_INPUTS = ("truncate", "windows")
+# The window aggregations (what each computes: bert_tf.tasks.window_aggregation, in TensorFlow).
 AGGREGATIONS = ("mean", "max", "logmeanexp", "any", "first")
-# "any": the first label holds only when every window says so (its probability is the product of the windows'),
-# log(1 - that) floored here so a certain first label gives a finite log-probability to the others.
-ANY_FLOOR = 1e-30
 # How a model on windows trains: "each" window alone with its input's label (weighted 1 / windows of its
 # input), or on the "aggregate" of its input's windows (multiple-instance learning: the loss is taken on the
 # aggregated output, so the gradient reaches the windows that decide it), or in two stages (one run;
@@ -110,20 +109,17 @@ def check_window_settings(long_inputs: str, doc_stride: int, aggregation: str, t
 
 
 def aggregate_windows(outputs, window_example, num_examples: int, aggregation: str) -> np.ndarray:
-    """Per-window outputs -> one output per input.
+    """Per-window outputs -> one output per input, as training and the export aggregate them.
 
     outputs: float [M, L] (logits, or [M, 1] regression values) of M windows, in input order
     (every input's windows together, first window first); window_example: int [M], the input
-    each window belongs to (every input 0..N-1 has at least one window).
-    aggregation: "mean" (the mean of its windows' outputs), "max" (each output unit's largest
-    value over its windows: a class wins when any window argues for it strongly), "logmeanexp"
-    (each unit's log(mean(exp(x))) over its windows: a soft maximum between the two, whose sharpness the
-    model sets through the scale of its logits; one window gives its own output, as every aggregation
-    does), "any" (the first label means "found nowhere": its probability is the product of the windows'
-    probabilities of it, a noisy-OR; the others share the rest in proportion to their log-sum-exp of
-    log-probabilities over the windows; returns log-probabilities, one window gives its own probabilities;
-    needs L >= 2) or "first" (its first window's, what truncation reads). Returns float [N, L].
+    each window belongs to (every input 0..N-1 has at least one window). aggregation: one of AGGREGATIONS,
+    computed by bert_tf.tasks.window_aggregation.aggregate_slots (mean, max, logmeanexp, "any": a noisy-OR
+    giving log-probabilities, or first; one window gives its own output) over the windows in slots
+    (windows_in_slots), in float64. Returns [N, L] in the outputs' dtype.
     """
+    from bert_tf.tasks.window_aggregation import aggregate_slots  # lazy: this module loads no TensorFlow
+
     outputs = np.asarray(outputs)
     window_example = np.asarray(window_example, np.int64)
     if aggregation not in AGGREGATIONS:
@@ -133,24 +129,8 @@ def aggregate_windows(outputs, window_example, num_examples: int, aggregation: s
     counts = np.bincount(window_example, minlength=num_examples)
     if len(counts) != num_examples or (counts == 0).any():
         raise ValueError(f"every one of the {num_examples} inputs needs at least one window")
-    if aggregation == "first":
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        if not np.array_equal(window_example[starts], np.arange(num_examples)):
-            raise ValueError("windows must come in input order, each input's windows together")
-        return outputs[starts]
-    if aggregation == "any":
-        return any_windows(outputs, window_example, num_examples)
-    if aggregation == "mean":
-        total = np.zeros((num_examples,) + outputs.shape[1:], np.float64)
-        np.add.at(total, window_example, outputs)
-        return (total / counts.reshape((-1,) + (1,) * (outputs.ndim - 1))).astype(outputs.dtype)
-    out = np.full((num_examples,) + outputs.shape[1:], -np.inf, outputs.dtype)
-    np.maximum.at(out, window_example, outputs)
-    if aggregation == "max":
-        return out
-    total = np.zeros((num_examples,) + outputs.shape[1:], np.float64)  # logmeanexp: shifted by each unit's max
-    np.add.at(total, window_example, np.exp(outputs.astype(np.float64) - out[window_example]))
-    return (out + np.log(total / counts.reshape((-1,) + (1,) * (outputs.ndim - 1)))).astype(outputs.dtype)
+    slots = windows_in_slots({"outputs": outputs.astype(np.float64)}, window_example, per_input=())
+    return np.asarray(aggregate_slots(slots["outputs"], slots["window_mask"], aggregation)).astype(outputs.dtype)
 
 
 def window_weights(window_example: Sequence[int]) -> np.ndarray:
@@ -158,29 +138,6 @@ def window_weights(window_example: Sequence[int]) -> np.ndarray:
     window_example = np.asarray(window_example, np.int64)
     counts = np.bincount(window_example)
     return (1.0 / counts[window_example]).astype(np.float32)
-
-
-def any_windows(logits: np.ndarray, window_example: np.ndarray, num_examples: int) -> np.ndarray:
-    """aggregate_windows' "any": float [M, L] logits -> [N, L] log-probabilities (float64 inside)."""
-    if logits.ndim != 2 or logits.shape[1] < 2:
-        raise ValueError(f"window aggregation 'any' needs two or more labels, got outputs of shape {logits.shape}")
-    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # [M, L]
-    none = np.zeros(num_examples)
-    np.add.at(none, window_example, logp[:, 0])  # log P(first) = sum of the windows' log p(first)
-    top = np.full((num_examples, logits.shape[1] - 1), -np.inf)
-    np.maximum.at(top, window_example, logp[:, 1:])
-    total = np.zeros_like(top)
-    np.add.at(total, window_example, np.exp(logp[:, 1:] - top[window_example]))
-    rest = top + np.log(total)  # [N, L - 1]: log-sum-exp over the windows
-    rest -= np.log(np.exp(rest - rest.max(-1, keepdims=True)).sum(-1, keepdims=True)) + rest.max(-1, keepdims=True)
-    found = np.log(-np.expm1(np.minimum(none, -ANY_FLOOR)))[:, None]  # log(1 - P(first))
-    out = np.concatenate([none[:, None], found + rest], axis=1).astype(logits.dtype)
-    # An input of one window keeps its logits (the same probabilities): exactly what truncation writes.
-    counts = np.bincount(window_example, minlength=num_examples)
-    single = np.flatnonzero(counts[window_example] == 1)
-    out[window_example[single]] = logits[single]
-    return out
 
 
 def any_start_bias(first_label_share: float, windows_per_input: float, num_labels: int) -> np.ndarray:

@@ -322,8 +322,9 @@ class _SlotOptimizer(tf.Module):
         raise NotImplementedError
 
 
-class AdamWeightDecay(_SlotOptimizer):
-    """The original BERT optimizer: Adam without bias correction, decoupled weight decay."""
+class _AdamMoments(_SlotOptimizer):
+    """Adam's two moment slots m and v (beta_1, beta_2, epsilon): the base of AdamWeightDecay and Lamb, each
+    named after its class unless `name` says otherwise."""
 
     slot_names = ("m", "v")
 
@@ -336,24 +337,31 @@ class AdamWeightDecay(_SlotOptimizer):
         beta_2: float = ADAM_BETA_2,
         epsilon: float = ADAM_EPSILON,
         exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
-        name: str = "AdamWeightDecay",
+        name: Optional[str] = None,
         max_group_elements: int = MAX_GROUP_ELEMENTS,
         learning_rate_scales: Optional[Sequence[float]] = None,
     ):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name,
-                         max_group_elements, learning_rate_scales)
+        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay,
+                         name or type(self).__name__, max_group_elements, learning_rate_scales)
+
+    def _moments(self, grad, m, v):
+        """-> the moments after `grad`: (next m, next v)."""
+        return self.beta_1 * m + (1.0 - self.beta_1) * grad, self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+
+
+class AdamWeightDecay(_AdamMoments):
+    """The original BERT optimizer: Adam without bias correction, decoupled weight decay."""
 
     def _compute_update(self, var, grad, lr, decay, m, v):
-        next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
-        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+        next_m, next_v = self._moments(grad, m, v)
         update = next_m / (tf.sqrt(next_v) + self.epsilon)
         if decay:
             update += self.weight_decay_rate * var
         return var - tf.cast(lr, var.dtype) * update, (next_m, next_v)
 
 
-class Lamb(_SlotOptimizer):
+class Lamb(_AdamMoments):
     """LAMB (You et al. 2019, Algorithm 2) for large-batch pretraining.
 
     Adam moments with bias correction, decoupled weight decay, then a
@@ -361,29 +369,9 @@ class Lamb(_SlotOptimizer):
     for the excluded names, as in the NVIDIA / MLPerf BERT recipes).
     """
 
-    slot_names = ("m", "v")
-
-    def __init__(
-        self,
-        variables,
-        learning_rate,
-        weight_decay_rate: float = WEIGHT_DECAY_RATE,
-        beta_1: float = ADAM_BETA_1,
-        beta_2: float = ADAM_BETA_2,
-        epsilon: float = ADAM_EPSILON,
-        exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
-        name: str = "Lamb",
-        max_group_elements: int = MAX_GROUP_ELEMENTS,
-        learning_rate_scales: Optional[Sequence[float]] = None,
-    ):
-        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        super().__init__(variables, learning_rate, weight_decay_rate, exclude_from_weight_decay, name,
-                         max_group_elements, learning_rate_scales)
-
     def _compute_update(self, var, grad, lr, decay, m, v):
         t = tf.cast(self.iterations + 1, tf.float32)
-        next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
-        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+        next_m, next_v = self._moments(grad, m, v)
         m_hat = next_m / (1.0 - tf.pow(self.beta_1, t))
         v_hat = next_v / (1.0 - tf.pow(self.beta_2, t))
         update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
