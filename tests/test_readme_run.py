@@ -377,6 +377,7 @@ def check_features(w, out, values):
 
 PRE, FT, SRV, CKPT = "docs/pretraining.md", "docs/finetuning.md", "docs/serving.md", "docs/checkpoints.md"
 LONG = "Texts longer than `--max_seq_length`"
+SQUAD = "SQuAD v1.1 and v2.0"
 RUN_STEPS = [
     Step(PRE, "Vocabulary", r"^python create_vocab\.py --input_file='corpus/", check_vocab),
     Step(PRE, "Model size: bert_config.json", r"^python create_bert_config\.py", check_config),
@@ -391,14 +392,14 @@ RUN_STEPS = [
     Step(PRE, "Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
     Step(PRE, "Dynamic masking", r"^python create_pretraining_data\.py .*--masking=dynamic", check_dynamic_records),
     Step(PRE, "Dynamic masking", r"^python run_pretraining\.py .*data_dyn/", check_dynamic_pretraining),
-    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
-    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
-    Step(FT, "Tasks", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
-    Step(FT, "Tasks", r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
-    Step(FT, "Tasks", r"^python evaluate_squad\.py", check_evaluate_squad),
-    Step(FT, "Tasks", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
-    Step(FT, "Tasks", r"^python run_swag\.py", check_swag),
-    Step(FT, "Tasks", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
+    Step(FT, "GLUE", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
+    Step(FT, "Your own TSV or CSV", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
+    Step(FT, SQUAD, r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
+    Step(FT, SQUAD, r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
+    Step(FT, SQUAD, r"^python evaluate_squad\.py", check_evaluate_squad),
+    Step(FT, SQUAD, r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
+    Step(FT, "SWAG", r"^python run_swag\.py", check_swag),
+    Step(FT, "CoNLL-2003 NER", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
     Step(FT, LONG, r"^python run_classifier\.py (?!.*--window_aggregation=any).*--long_inputs=windows", check_windows),
     Step(FT, LONG, r"^python run_classifier\.py .*--window_aggregation=any", check_each_then_calibrate),
     Step(FT, LONG, r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided", predict=False)),
