@@ -64,6 +64,10 @@ SUBSTITUTIONS = [
     (r"\bmodel/ckpt-10000\b", "model/ckpt-{last_step}", "the last checkpoint the pretraining above wrote"),
     (r"<checkpoint>", "uncased_L-12_H-768_A-12", "the README's placeholder: an original checkpoint's folder"),
     (r"<the value in the log>", "{null_threshold}", "the README's placeholder, read from the log"),
+    (r"\blocalhost:12345\b", "localhost:{port0}", "the multi-worker example's ports: free ones on this machine"),
+    (r"\blocalhost:12346\b", "localhost:{port1}", "the multi-worker example's ports: free ones on this machine"),
+    (r"^(TF_CONFIG='[^']*' CUDA_VISIBLE_DEVICES= )python (\w+\.py)\b", r"\1python {repo}/\2",
+     "the multi-worker example's script, after its environment settings"),
     # Last, so that no rule above rewrites the checkout's own path (e.g. /tmp/ in a clone under /tmp).
     (r"^python (\w+\.py)\b", r"python {repo}/\1", "the scripts are the checkout's; every other path stays relative"),
 ]
@@ -367,6 +371,26 @@ def check_hf_folder(w, out, values):
     assert (w / "hf_model" / "model.safetensors").is_file() and _json(w / "hf_model" / "config.json")
 
 
+def check_worker_started(w, out, values):
+    assert (w / "worker1.log").is_file() and not out.strip(), out[-2000:]  # its output goes to its log
+
+
+def check_two_workers(w, out, values):
+    """Both workers trained the same synchronous steps: one strategy over 2 replicas, the same last loss
+    (worker 1, in the background, may finish a moment after the chief)."""
+    def last_step(text):
+        return [line.split(" INFO ")[-1].split(" lr ")[0] for line in text.splitlines() if "step 20/20 loss" in line]
+
+    assert "strategy: CollectiveAllReduceStrategy with 2 replica(s)" in out, out[-3000:]
+    assert _ckpt_steps(w / "model_mw")[-1] == 20, _ckpt_steps(w / "model_mw")
+    deadline = time.monotonic() + 120
+    while not last_step((w / "worker1.log").read_text(encoding="utf-8")) and time.monotonic() < deadline:
+        time.sleep(1)
+    worker1 = (w / "worker1.log").read_text(encoding="utf-8")
+    assert "strategy: CollectiveAllReduceStrategy with 2 replica(s)" in worker1, worker1[-3000:]
+    assert last_step(out) == last_step(worker1) and len(last_step(out)) == 1, (last_step(out), worker1[-2000:])
+
+
 def check_features(w, out, values):
     rows = [json.loads(line) for line in _lines(w / "output.jsonl")]
     assert len(rows) == len(_lines(w / "input.txt"))
@@ -377,6 +401,8 @@ def check_features(w, out, values):
 
 PRE, FT, SRV, CKPT = "docs/pretraining.md", "docs/finetuning.md", "docs/serving.md", "docs/checkpoints.md"
 LONG = "Texts longer than `--max_seq_length`"
+SQUAD = "SQuAD v1.1 and v2.0"
+ACC, MULTI = "docs/accelerators.md", "Several processes or hosts (multi-worker)"
 RUN_STEPS = [
     Step(PRE, "Vocabulary", r"^python create_vocab\.py --input_file='corpus/", check_vocab),
     Step(PRE, "Model size: bert_config.json", r"^python create_bert_config\.py", check_config),
@@ -391,14 +417,14 @@ RUN_STEPS = [
     Step(PRE, "Beyond one machine (Apache Beam)", r"--runner=DirectRunner", check_beam_records),
     Step(PRE, "Dynamic masking", r"^python create_pretraining_data\.py .*--masking=dynamic", check_dynamic_records),
     Step(PRE, "Dynamic masking", r"^python run_pretraining\.py .*data_dyn/", check_dynamic_pretraining),
-    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
-    Step(FT, "Tasks", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
-    Step(FT, "Tasks", r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
-    Step(FT, "Tasks", r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
-    Step(FT, "Tasks", r"^python evaluate_squad\.py", check_evaluate_squad),
-    Step(FT, "Tasks", r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
-    Step(FT, "Tasks", r"^python run_swag\.py", check_swag),
-    Step(FT, "Tasks", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
+    Step(FT, "GLUE", r"^python run_classifier\.py --task_name=MRPC", check_classifier("mrpc", 4, "MRPC.tsv")),
+    Step(FT, "Your own TSV or CSV", r"^python run_classifier\.py --task_name=user --data_dir=my_data", check_classifier("mine")),
+    Step(FT, SQUAD, r"^python run_squad\.py (?!.*--version_2).*train-v1\.1", check_squad_v1),
+    Step(FT, SQUAD, r"^python run_squad\.py .*--version_2_with_negative .*--do_train", check_squad_v2),
+    Step(FT, SQUAD, r"^python evaluate_squad\.py", check_evaluate_squad),
+    Step(FT, SQUAD, r"^python run_squad\.py .*--null_score_diff_threshold=", check_squad_threshold_rerun),
+    Step(FT, "SWAG", r"^python run_swag\.py", check_swag),
+    Step(FT, "CoNLL-2003 NER", r"^python run_ner\.py (?!.*--doc_stride)", check_ner("ner")),
     Step(FT, LONG, r"^python run_classifier\.py (?!.*--window_aggregation=any).*--long_inputs=windows", check_windows),
     Step(FT, LONG, r"^python run_classifier\.py .*--window_aggregation=any", check_each_then_calibrate),
     Step(FT, LONG, r"^python run_ner\.py .*--doc_stride", check_ner("ner_strided", predict=False)),
@@ -426,6 +452,8 @@ RUN_STEPS = [
     Step(CKPT, "Converting", r"--input_checkpoint=model/ckpt-10000",
          check_converted("export/bert_model.ckpt", "vocab.txt")),
     Step(CKPT, "Converting", r"--output_format=hf", check_hf_folder),
+    Step(ACC, MULTI, r"\"index\": 1}}' .*> worker1\.log 2>&1 &$", check_worker_started),
+    Step(ACC, MULTI, r"\"index\": 0}}' .*--output_dir=model_mw", check_two_workers),
 ]
 
 
@@ -605,7 +633,10 @@ def test_readme_runs_as_written(tmp_path):
     start = time.monotonic()
     make_user_files(w, minilm)
     print(f"{time.monotonic() - start:6.1f}s  (the user's files)", flush=True)
-    values = {"repo": str(REPO), "workdir": str(w), "minilm": str(minilm)}
+    from test_reliability import _free_ports
+
+    port0, port1 = _free_ports(2)
+    values = {"repo": str(REPO), "workdir": str(w), "minilm": str(minilm), "port0": port0, "port1": port1}
     timings = []
     for index, (page, section, kind, text, step) in enumerate(plan):
         if step is None:
