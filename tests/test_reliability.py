@@ -65,7 +65,7 @@ COVERED_ELSEWHERE = {
     "SQuAD: max_seq_length too small for the query":
         ["test_squad.py::test_too_long_question_for_the_window_is_refused"],
     "max_seq_length > max_position_embeddings":
-        ["test_run_pretraining.py::test_bad_config_fails_in_one_line",
+        ["test_gate.py::test_pretraining_flags_no_run_can_use_are_one_line",
          "test_run_classifier.py::test_bad_input_is_one_line_and_leaves_output_alone"],
     "TFRecords with other max_seq_length / max_predictions_per_seq (first file)":
         ["test_run_pretraining.py::test_record_length_mismatch_is_one_line",
