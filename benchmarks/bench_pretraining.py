@@ -18,7 +18,7 @@ Variants, `{impl}-{precision}-{mode}`:
   ours-*-xla+OPTION[+OPTION...]   a GPU candidate (MODEL_OPTIONS, XLA_PRESETS): +cudnn (cuDNN fused
            attention), +whole (the whole step as one XLA program), +adrop0 (attention dropout 0),
            +noclock (the host enqueues the next step without waiting for this one's outputs), +devfeed
-           (batches prefetched onto the device), +cb_off / +cb_fusion (XLA command buffers off / fusions
+           (batches prefetched onto the device), +plain_epilogues (bias+GELU and LayerNorm as plain ops), +cb_off / +cb_fusion (XLA command buffers off / fusions
            only), +triton_off (no Triton GEMMs), +cublaslt, +cudnn_ln (XLA flags of the variant's own
            process), +gpu_private (TF_GPU_THREAD_MODE=gpu_private there); benchmarks/gpu_matrix.py runs them.
            Without +noclock ours keeps the input-wait clock (the scripts' default before 2026-11-28, so the
@@ -109,6 +109,9 @@ MODEL_OPTIONS = {
                "(TrainSettings.input_wait_clock=False)",
     "devfeed": "batches prefetched onto the device by tf.distribute's input (experimental_fetch_to_device) instead "
                "of a host dataset the step copies from (TrainSettings.device_input)",
+    "plain_epilogues": "the blocks' bias+GELU, dropout+add and LayerNorm as plain ops with TensorFlow's own "
+                       "gradients, which XLA's cuBLASLt epilogue and cuDNN LayerNorm can match, instead of the "
+                       "fused custom-gradient kernels (BertEncoder plain_epilogues)",
 }
 # ...environment variables of the variant's process (read when TensorFlow starts).
 ENV_PRESETS = {
@@ -396,10 +399,9 @@ def run_ours(args, precision, xla, options=()):
     config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))
 
     def model_fn():
-        if "cudnn" in options:
-            encoder = BertEncoder(config, attention_implementation="cudnn")
-            return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
-        return BertPretrainer(config, skip_padding=not xla)
+        encoder = BertEncoder(config, attention_implementation="cudnn" if "cudnn" in options else "xla",
+                              plain_epilogues="plain_epilogues" in options)
+        return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
 
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:

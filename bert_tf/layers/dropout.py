@@ -86,6 +86,13 @@ class Dropout(keras.layers.Dropout):
             return tf.zeros_like(inputs)
         return hashed_dropout(inputs, self.seed_generator.next(), float(self.rate))
 
+    def plain_call(self, inputs, training=False):
+        """The same mask and scale as call, as a select with TensorFlow's own gradient (no custom
+        gradient): the plain epilogue's dropout, which XLA fuses with its neighbours as it chooses."""
+        if not self.fusable(training):
+            return self(inputs, training=training)
+        return apply_keep_mask(inputs, seed_words(self.seed_generator.next()), float(self.rate))
+
     def fusable(self, training) -> bool:
         """Whether a fused kernel should apply this dropout (training, 0 < rate < 1, no noise_shape)."""
         return bool(training) and 0 < self.rate < 1 and self.noise_shape is None

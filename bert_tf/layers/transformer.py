@@ -32,6 +32,7 @@ class TransformerBlock(keras.layers.Layer):
         causal: bool = False,
         layer_norm_eps: float = LAYER_NORM_EPSILON,
         attention_implementation: str = "xla",
+        plain_epilogues: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -45,6 +46,10 @@ class TransformerBlock(keras.layers.Layer):
         self.causal = causal
         self.layer_norm_eps = layer_norm_eps
         self.attention_implementation = attention_implementation
+        # Training computes bias+GELU, dropout+add and LayerNorm as plain ops with TensorFlow's own gradients
+        # instead of the fused custom-gradient kernels (a GPU candidate: XLA's cuBLASLt bias+GELU epilogue
+        # and cuDNN LayerNorm match only plain patterns). The same function and variables.
+        self.plain_epilogues = plain_epilogues
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         policy = self.dtype_policy
 
@@ -98,9 +103,11 @@ class TransformerBlock(keras.layers.Layer):
             attended = self.attention(
                 x, input_mask, training=training, layout=layout, queries=residual, query_layout=query_layout
             )
-        x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training)
-        y = self.output_dense(self.intermediate(x, training=training))
-        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training)
+        plain = self.plain_epilogues and training
+        x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training,
+                                                   plain=plain)
+        y = self.output_dense(self.intermediate.plain_call(x) if plain else self.intermediate(x, training=training))
+        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training, plain=plain)
         return layout.to_grid(out) if grid_input and query_rows is None else out
 
     def get_config(self):
@@ -116,5 +123,6 @@ class TransformerBlock(keras.layers.Layer):
             causal=self.causal,
             layer_norm_eps=self.layer_norm_eps,
             attention_implementation=self.attention_implementation,
+            plain_epilogues=self.plain_epilogues,
         )
         return config

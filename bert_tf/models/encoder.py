@@ -73,14 +73,17 @@ class BertEncoder(keras.Model):
     (layers/attention.py ATTENTION_IMPLEMENTATIONS): "xla" (the default), or
     "cudnn", cuDNN's fused attention in an XLA-compiled step on an NVIDIA GPU.
     The same variables and the same function: checkpoints do not record it.
+    `plain_epilogues` (a GPU candidate) trains the blocks' bias+GELU, dropout+add and LayerNorm as plain
+    ops instead of the fused custom-gradient kernels (layers/transformer.py); the same function too.
     """
 
     def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False,
-                 attention_implementation: str = "xla", **kwargs):
+                 attention_implementation: str = "xla", plain_epilogues: bool = False, **kwargs):
         super().__init__(name=name, **kwargs)
         self.config = config
         self.causal = causal
         self.attention_implementation = attention_implementation
+        self.plain_epilogues = plain_epilogues
         policy = self.dtype_policy
         # --- layers
         self.embeddings = BertEmbeddings(
@@ -108,6 +111,7 @@ class BertEncoder(keras.Model):
                 causal=causal,
                 layer_norm_eps=config.layer_norm_eps,
                 attention_implementation=attention_implementation,
+                plain_epilogues=plain_epilogues,
                 name=f"layer_{i}",
                 dtype=policy,
             )
@@ -240,13 +244,15 @@ class BertEncoder(keras.Model):
     # --- config
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal,
-                "attention_implementation": self.attention_implementation, "dtype": self.dtype_policy.name}
+                "attention_implementation": self.attention_implementation, "plain_epilogues": self.plain_epilogues,
+                "dtype": self.dtype_policy.name}
 
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
                    causal=config.get("causal", False),
-                   attention_implementation=config.get("attention_implementation", "xla"), dtype=config.get("dtype"))
+                   attention_implementation=config.get("attention_implementation", "xla"),
+                   plain_epilogues=config.get("plain_epilogues", False), dtype=config.get("dtype"))
 
 
     @property
