@@ -85,7 +85,7 @@ DRY_ARGS = dict(
     base=["--device=cpu", "--size=tiny", "--batch=4", "--seq=32", "--preds=3", "--steps=2", "--loops=1", "--profile"],
     peer="hf-bf16-eager",
     packed=["--device=cpu", "--size=tiny", "--batch=4", "--steps=2", "--loops=1", "--no_peaks"],
-    records=["--seq=64", "--preds=5", "--dupe_factor=1"],
+    records=["--seq=64", "--preds=10", "--dupe_factor=1"],
     finetune=["--gpu", "--tiny", "--examples=128", "--batch=8", "--warmup_steps=4", "--steps=2", "--tasks=glue"],
     accuracy=["--devices=cpu", "--seeds=1"],
 )
