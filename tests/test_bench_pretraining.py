@@ -118,8 +118,8 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert bench.split_variant("ours-bf16-xla+cudnn+cb_off") == ("ours-bf16-xla", ["cudnn", "cb_off"])
     assert bench.variant_error("ours-bf16-xla+cudnn+whole+adrop0+triton_off") is None
     assert bench.variant_error("ours-bf16-xla+flash") == (
-        "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, whole, adrop0, noclock, cb_off, "
-        "cb_fusion, triton_off, cublaslt, cudnn_ln")
+        "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, whole, adrop0, noclock, devfeed, "
+        "plain_epilogues, cb_off, cb_fusion, triton_off, cublaslt, cudnn_ln, gpu_private")
     assert bench.variant_error("hf-bf16-compile+cb_off") == "hf-bf16-compile+cb_off: options apply to ours-*-xla variants only"
     assert bench.variant_error("ours-bf16-graph+whole") == "ours-bf16-graph+whole: options apply to ours-*-xla variants only"
     assert bench.variant_error("ours-int8-xla") == "unknown variant ours-int8-xla"
@@ -127,6 +127,15 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert bench.xla_flags("ours-bf16-xla+cudnn+cb_off+cublaslt", "--xla_gpu_cuda_data_dir=/cuda") == (
         "--xla_gpu_cuda_data_dir=/cuda --xla_gpu_enable_command_buffer= --xla_gpu_enable_cublaslt=true")
     assert bench.xla_flags("ours-bf16-xla", "") == ""
+    # +gpu_private: an environment variable of the variant's process, no XLA flag
+    env = bench.variant_env({"XLA_FLAGS": ""}, "ours-bf16-xla+gpu_private+noclock")
+    assert env["TF_GPU_THREAD_MODE"] == "gpu_private" and env["XLA_FLAGS"] == ""
+    assert "TF_GPU_THREAD_MODE" not in bench.variant_env({}, "ours-bf16-xla+noclock")
+    # the report says how each side is fed
+    fed = bench.feeding(["ours-bf16-xla", "ours-bf16-xla+devfeed", "hf-bf16-compile"], "gpu")
+    assert fed.startswith("ours from a cached tf.data dataset in host memory") and "ours+devfeed prefetched onto the GPU" in fed
+    assert fed.endswith("hf with every batch moved to the GPU once, before the first step")
+    assert bench.feeding(["ours-bf16-xla+devfeed"], "gpu").startswith("ours+devfeed")
     # The XLA cache: a folder per preset set, so no variant loads a program compiled under other flags.
     env = bench.variant_env(dict(TF_XLA_FLAGS="--tf_xla_auto_jit=0"), "ours-bf16-xla+whole+cb_off+cublaslt", "/c")
     assert env["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory=/c/cb_off+cublaslt"

@@ -207,3 +207,37 @@ def test_backend_config_parses_as_tensorflows_own_gpu_backend_config():
         assert config.dropout_rate == pytest.approx(0.1) and config.fmha_scale == pytest.approx(0.25)
         dots = config.bmm1_grad_gemm1_dot_dimension_numbers if backward else config.bmm1_dot_dimension_numbers
         assert list(dots.lhs_batch_dimensions) == [0, 1] and list(dots.lhs_contracting_dimensions) == [2 if backward else 3]
+
+
+# --------------------------------------------------------------- the padded rows, zeroed after each call
+def test_padded_rows_are_selected_to_zero_after_the_forward_and_backward_calls():
+    """TF 2.20's cuDNN thunk leaves the padded rows of O, dQ, dK, dV as the buffer held them: each such
+    output of a custom call is the value operand of a select (tf.where), and the backward reads the masked O."""
+    hlo = attention_hlo("cudnn")
+    calls = dict(re.findall(r"%(custom-call\.\d+) = .*custom_call_target=\"([^\"]+)\"", hlo))
+    elements = {}  # get-tuple-element name -> (custom call, index)
+    for name, call, index in re.findall(r"%(get-tuple-element\.\d+) = .*get-tuple-element\(.* %(custom-call\.\d+)\), "
+                                        r"index=(\d)", hlo):
+        elements[name] = (calls[call], int(index))
+    selected = {}  # select name -> the (call, index) it masks
+    for name, value in re.findall(r"%(select\.\d+) = \S+ select\(\S+ %\S+, \S+ %(\S+?), ", hlo):
+        if value in elements:
+            selected[name] = elements[value]
+    assert sorted(selected.values()) == [("__cudnn$fmhaSoftmaxDropout", 0)] + [
+        ("__cudnn$fmhaSoftmaxDropoutBackward", i) for i in range(3)]
+    (masked_out,) = [s for s, v in selected.items() if v == ("__cudnn$fmhaSoftmaxDropout", 0)]
+    backward = re.search(r"custom-call\((.*?)\), custom_call_target=\"__cudnn\$fmhaSoftmaxDropoutBackward", hlo).group(1)
+    assert f"%{masked_out}" in backward.split(", ")[5]  # (Q, K, V, stats, dO, O, lengths): O is the masked one
+
+
+def test_zero_beyond_makes_rows_past_each_length_exactly_zero_even_where_they_held_nan():
+    x = np.arange(2 * 1 * 4 * 3, dtype=np.float32).reshape(2, 1, 4, 3) + 1
+    x[0, 0, 3] = np.nan
+    x[1, 0, 1:] = np.inf
+    for dtype in (tf.float32, tf.bfloat16):
+        out = fused_attention.zero_beyond(tf.cast(x, dtype), tf.constant([2, 1])).numpy().astype(np.float32)
+        np.testing.assert_array_equal(out[0, 0, :2], x[0, 0, :2])
+        np.testing.assert_array_equal(out[1, 0, :1], x[1, 0, :1])
+        assert (out[0, 0, 2:] == 0).all() and (out[1, 0, 1:] == 0).all() and np.isfinite(out).all()
+    full = fused_attention.zero_beyond(tf.constant(x[:1]), tf.constant([4])).numpy()
+    np.testing.assert_array_equal(np.isnan(full), np.isnan(x[:1]))  # a full row is left as it is

@@ -30,6 +30,24 @@ def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
     assert matrix.options_of(f"{BASE}+cudnn+cb_fusion") == ["cudnn", "cb_fusion"] and matrix.options_of(BASE) == []
 
 
+def test_result_lines_put_each_ours_variant_beside_the_runs_peer_and_peak(tmp_path):
+    matrix = benchmark_module("gpu_matrix")
+    common = dict(device="NVIDIA H200", real_tokens_per_s=1000.0)
+    lines = [dict(variant=BASE, seq_per_s=100.0, **common), dict(variant="hf-bf16-compile", seq_per_s=125.0, **common),
+             dict(variant=f"{BASE}+noclock", seq_per_s=110.0, **common), dict(variant=f"{BASE}+cudnn", failed="x")]
+    (tmp_path / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "results.json").write_text(json.dumps(dict(best={BASE: dict(mfu=0.3)}, data="synthetic")))
+    out = {r["variant"]: r for r in matrix.result_lines("base", str(tmp_path), "base batch 256 seq 128", "2026-11-28")}
+    assert sorted(out) == [BASE, f"{BASE}+noclock"]  # ours only; the failure has no line
+    assert out[BASE] == dict(date="2026-11-28", card="NVIDIA H200", step="base", model="base batch 256 seq 128",
+                             variant=BASE, ours_seq_per_s=100.0, hf_seq_per_s=125.0, ratio=0.8, vs_baseline=1.0,
+                             share_of_peak=0.3, real_tokens_per_s=1000.0, data="synthetic")
+    assert out[f"{BASE}+noclock"]["ratio"] == 0.88 and out[f"{BASE}+noclock"]["share_of_peak"] is None
+    assert tuple(out[BASE]) == matrix.RESULT_FIELDS
+    assert matrix.model_name(["--device=gpu", "--size=base4", "--batch=256", "--seq=128", "--no_peaks"]) == (
+        "base4 batch 256 seq 128")
+
+
 def test_progress_keeps_each_variants_best_round_and_skips_failures(tmp_path):
     matrix = benchmark_module("gpu_matrix")
     lines = [dict(variant=BASE, round=1, seq_per_s=10.0), dict(variant=BASE, round=2, seq_per_s=12.0),
@@ -47,7 +65,9 @@ def test_a_spent_budget_skips_every_step_and_says_so(tmp_path):
     records = [json.loads(line) for line in (out / "session.jsonl").read_text().splitlines()]
     assert [(r["step"], r["status"]) for r in records] == [
         ("smoke", "skipped"), ("matrix", "skipped"), ("combination", "skipped"), ("winner", BASE),
-        ("base", "skipped"), ("finetune", "skipped"), ("accuracy", "skipped"), ("session", "end")]
+        ("base", "skipped"), ("records", "skipped"), ("finetune", "skipped"), ("accuracy", "skipped"),
+        ("session", "end")]
+    assert not (out / "gpu_results.jsonl").exists()  # nothing measured, nothing recorded
     assert records[0]["reason"].startswith("65 s expected")
     assert f"winner: {BASE}\n" in (out / "summary.md").read_text()
 
@@ -77,6 +97,16 @@ def test_dry_run_measures_the_matrix_and_names_a_winner(tmp_path):
     text = (out / "summary.md").read_text()
     assert f"| matrix | {BASE} |" in text and f"| matrix | {BASE}+cb_off |" in text and f"winner: {winner}" in text
     assert (out / "matrix" / "results.json").exists() and (out / "matrix" / "report.txt").exists()
+    lines = [json.loads(line) for line in (out / "gpu_results.jsonl").read_text().splitlines()]
+    matrix = benchmark_module("gpu_matrix")
+    assert [tuple(line) for line in lines] == [matrix.RESULT_FIELDS] * 2
+    assert sorted(line["variant"] for line in lines) == [BASE, f"{BASE}+cb_off"]
+    for line in lines:
+        assert line["step"] == "matrix" and line["model"] == "tiny batch 4 seq 32" and line["card"] == measured[BASE]["device"]
+        assert line["ours_seq_per_s"] == pytest.approx(measured[line["variant"]]["seq_per_s"], rel=1e-3)
+        assert line["hf_seq_per_s"] is None and line["ratio"] is None and line["share_of_peak"] is None  # no peer, no peak
+        assert line["vs_baseline"] == pytest.approx(line["ours_seq_per_s"] / measured[BASE]["seq_per_s"], rel=1e-3)
+        assert len(line["date"]) == 10 and line["real_tokens_per_s"] > 0
 
 
 def test_bundle_leaves_at_most_eight_files_results_apart_from_profiles(tmp_path):

@@ -205,19 +205,40 @@ def test_profile_steps_capture_exactly_those_steps(tmp_path, caplog):
 
 
 def test_without_the_input_wait_clock_the_steps_are_the_same_and_the_wait_is_not_reported(tmp_path):
-    """TrainSettings.input_wait_clock=False (the GPU candidate +noclock): the same losses step for step as
-    with the clock, TensorBoard has the speed but no input-wait scalars (not measured, not a 0)."""
+    """TrainSettings.input_wait_clock=False (the GPU candidate +noclock), and with device_input (+devfeed):
+    the same losses step for step as with the clock, TensorBoard has the speed but no input-wait scalars (not measured, not a 0)."""
     import numpy as np
 
     trained = []
-    for name, settings in (("clocked", {}), ("free", {"input_wait_clock": False})):
+    for name, settings in (("clocked", {}), ("free", {"input_wait_clock": False}),
+                           ("devfed", {"input_wait_clock": False, "device_input": True})):
         trainer, dataset_fn = _masked_trainer(tmp_path / name, delay=0, **settings)
         trainer.model.set_weights([np.full(w.shape, 0.1, w.dtype) for w in trainer.model.get_weights()])
         trainer.train(dataset_fn)
         trained.append(trainer)
-    clocked, free = trained
+    clocked, free, devfed = trained
     np.testing.assert_array_equal(free.step_losses, clocked.step_losses)
+    # batches through tf.distribute's device-fetching input (TrainSettings.device_input): the same steps
+    np.testing.assert_array_equal(devfed.step_losses, clocked.step_losses)
+    # unset, the clock is on where the step runs on the CPU; the run summary says which and why
+    assert clocked.input_wait_clock is True and free.input_wait_clock is False
+    assert "input-wait clock: on (the default on the CPU)" in clocked.run_summary()
+    assert "input-wait clock: off (set)" in free.run_summary()
     assert len(free.step_losses) == 4
     events = _events(str(tmp_path / "free" / "train"))
     assert set(events["speed/seconds_per_step"]) == {2, 4} and events["input/real_tokens_per_position"][4] == 3 / 8
     assert not any(tag.startswith("speed/input_wait") or tag == "speed/compute_seconds_per_step" for tag in events)
+
+
+def test_the_input_wait_clock_is_off_by_default_where_replicas_run_on_a_gpu_or_tpu():
+    from types import SimpleNamespace
+
+    from bert_tf.training.strategy import get_strategy, on_accelerator
+
+    def devices(*names):
+        return SimpleNamespace(extended=SimpleNamespace(worker_devices=names))
+
+    assert on_accelerator(devices("/job:localhost/replica:0/task:0/device:GPU:0"))
+    assert on_accelerator(devices("/job:worker/replica:0/task:0/device:TPU:0", "/job:worker/task:0/device:TPU:1"))
+    assert not on_accelerator(devices("/job:localhost/replica:0/task:0/device:CPU:0"))
+    assert not on_accelerator(get_strategy("one_device"))  # this machine has no GPU

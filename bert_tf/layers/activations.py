@@ -101,6 +101,12 @@ def linear(x):
     return x
 
 
+def plain_gelu(x):
+    """`gelu`'s function as plain ops with TensorFlow's own gradient (no custom gradient, one user): the
+    pattern XLA's GPU GEMM rewriter can fuse into cuBLASLt's bias+GELU epilogue (Dense.plain_call)."""
+    return _gelu_and_tanh(x)[0]
+
+
 class Dense(keras.layers.Dense):
     """keras.layers.Dense (same variables and config); in training, a "gelu" or "gelu_exact" layer
     adds its bias and applies its own GELU in one XLA kernel (plain TensorFlow ops took seven passes
@@ -114,8 +120,16 @@ class Dense(keras.layers.Dense):
             return fused(mm, ops.cast(self.bias, mm.dtype))
         return super().call(inputs, training=training)
 
+    def plain_call(self, inputs):
+        """activation(inputs @ kernel + bias) as plain ops with TensorFlow's own gradients (the plain
+        epilogue, TransformerBlock plain_epilogues): the same function as call, no fused kernel."""
+        activation = _PLAIN.get(self.activation, self.activation)
+        mm = ops.matmul(inputs, self.kernel)
+        return activation(mm + ops.cast(self.bias, mm.dtype) if self.bias is not None else mm)
+
 
 _BIAS_FUSED = {gelu: bias_gelu, gelu_exact: bias_gelu_exact}
+_PLAIN = {gelu: plain_gelu}  # gelu_exact is plain ops already
 _ACTIVATIONS = {"gelu": gelu, "gelu_exact": gelu_exact, "relu": ops.relu, "tanh": ops.tanh, "linear": linear}
 
 

@@ -86,6 +86,15 @@ class Dropout(keras.layers.Dropout):
             return tf.zeros_like(inputs)
         return hashed_dropout(inputs, self.seed_generator.next(), float(self.rate))
 
+    def plain_call(self, inputs, training=False, seed=None):
+        """The same mask and scale as call, as a select with TensorFlow's own gradient (no custom
+        gradient): the plain epilogue's dropout, which XLA fuses with its neighbours as it chooses.
+        `seed` int [2]: drawn by the caller (a recomputed block repeats its mask); None: the next one."""
+        if not self.fusable(training):
+            return self(inputs, training=training)
+        seed = seed if seed is not None else self.seed_generator.next()
+        return apply_keep_mask(inputs, seed_words(seed), float(self.rate))
+
     def fusable(self, training) -> bool:
         """Whether a fused kernel should apply this dropout (training, 0 < rate < 1, no noise_shape)."""
         return bool(training) and 0 < self.rate < 1 and self.noise_shape is None

@@ -13,6 +13,12 @@ BERT's padding mask is cuDNN's PADDING mask: per-row query and key lengths, the 
 inside a `jit_compile` step on a GPU, and on a CPU only lower to HLO (what the tests check).
 JSON layout of the configuration: JAX's `jax/_src/cudnn/fused_attention_stablehlo.py` (BNTH).
 
+Why the outputs are masked: the cuDNN thunk of TensorFlow 2.20's XLA does not zero what the PADDING
+mask leaves out (XLA gained that zero-fill later, openxla/xla PR #44867): the padded query rows of O
+and dQ and the padded key rows of dK and dV keep whatever the buffer held, possibly NaN, and would
+reach the next layer and the weight gradients. `zero_beyond` sets them to 0 with a select (tf.where),
+not a multiply, since NaN x 0 is NaN.
+
 Dimensions: B batch, N heads, F query positions, T key positions, D head size.
 """
 
@@ -75,13 +81,21 @@ def check_supported(head_size: int, dtype) -> None:
         raise ValueError(f"cudnn attention runs in bfloat16 or float16 (mixed precision), got {tf.as_dtype(dtype).name}")
 
 
+def zero_beyond(x, lengths):
+    """x [B, N, L, D] with the positions l >= lengths[b] of axis 2 set to exactly 0 (a select: a NaN
+    there becomes 0 too); lengths int [B]."""
+    positions = tf.range(tf.shape(x)[2], dtype=tf.int32)  # [L]
+    keep = positions[None, None, :, None] < tf.cast(lengths, tf.int32)[:, None, None, None]  # [B, 1, L, 1]
+    return tf.where(keep, x, tf.zeros_like(x))
+
+
 def fused_attention(q, k, v, query_lengths, key_lengths, scale: float, dropout_rate: float = 0.0, seed: int = 0):
     """softmax(q k^T * scale, keys masked beyond each row's length) v, with dropout on the probabilities.
 
     q: [B, N, F, D], k, v: [B, N, T, D] bfloat16 or float16, static shapes; query_lengths, key_lengths:
     int [B], each row's real queries and keys (the first ones); dropout_rate with a fixed `seed`
     (an attribute of the call, not a tensor: cuDNN's own dropout mask). -> context [B, N, F, D];
-    padded queries get zeros. Only inside a jit-compiled function (XLA), run on an NVIDIA GPU.
+    padded queries get zeros, as do the gradients' padded rows (zero_beyond, after each call). Only inside a jit-compiled function (XLA), run on an NVIDIA GPU.
     """
     batch, heads, queries, head_size = q.shape.as_list()
     keys = k.shape.as_list()[2]
@@ -100,13 +114,14 @@ def fused_attention(q, k, v, query_lengths, key_lengths, scale: float, dropout_r
         out, stats, _ = xla.custom_call_v2(
             FORWARD_TARGETS[dropout], [q, k, v, *lengths],
             [tf.TensorSpec(q.shape, q.dtype), stats_spec, workspace], backend_config=configs[False])
+        out = zero_beyond(out, lengths[0])  # the backward reads the masked O: its padded rows are 0 too
 
         def grad(d_out):
             dq, dk, dv, _ = xla.custom_call_v2(
                 BACKWARD_TARGETS[dropout], [q, k, v, stats, tf.cast(d_out, q.dtype), out, *lengths],
                 [tf.TensorSpec(q.shape, q.dtype), tf.TensorSpec(k.shape, k.dtype), tf.TensorSpec(v.shape, v.dtype),
                  workspace], backend_config=configs[True])
-            return dq, dk, dv
+            return zero_beyond(dq, lengths[0]), zero_beyond(dk, lengths[1]), zero_beyond(dv, lengths[1])
 
         return out, grad
 

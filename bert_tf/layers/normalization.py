@@ -111,16 +111,27 @@ def layer_norm(x, gamma, beta, epsilon):
 class LayerNorm(keras.layers.LayerNormalization):
     """keras.layers.LayerNormalization(axis=-1) with scale and center, as BERT uses it."""
 
-    def add_and_norm(self, residual, y, dropout, training=False, seed=None):
+    def add_and_norm(self, residual, y, dropout, training=False, seed=None, plain=False):
         """self(residual + dropout(y)): one XLA kernel each way in training with a hashed `dropout`
         (bert_tf.layers.dropout.Dropout); the plain layers otherwise. `seed` int [2]: the mask's seed
-        drawn by the caller (a recomputed block repeats its mask); None draws one from `dropout`."""
+        drawn by the caller (a recomputed block repeats its mask); None draws one from `dropout`.
+        plain (in training): the same function as plain ops with TensorFlow's own gradients
+        (Dropout.plain_call, plain_call), no fused kernel and no custom gradient, so XLA's GPU rewriters
+        (cuDNN LayerNorm) can match it."""
+        if plain and training:
+            return self.plain_call(residual + dropout.plain_call(y, training=training, seed=seed))
         if not (isinstance(dropout, Dropout) and dropout.fusable(training)):
             return self(residual + dropout(y, training=training))
         seed = seed if seed is not None else dropout.seed_generator.next()
         out = dropout_add_layer_norm(y, residual, seed, float(dropout.rate),
                                      tf.convert_to_tensor(self.gamma, tf.float32),
                                      tf.convert_to_tensor(self.beta, tf.float32), self.epsilon)
+        return tf.cast(out, self.compute_dtype)
+
+    def plain_call(self, inputs):
+        """call's function with TensorFlow's own gradient: normalized in float32, no custom gradient."""
+        normalized, _ = _normalize(tf.cast(inputs, tf.float32), self.epsilon)
+        out = normalized * tf.convert_to_tensor(self.gamma, tf.float32) + tf.convert_to_tensor(self.beta, tf.float32)
         return tf.cast(out, self.compute_dtype)
 
     def call(self, inputs):

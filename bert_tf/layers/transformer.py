@@ -36,6 +36,7 @@ class TransformerBlock(keras.layers.Layer):
         causal: bool = False,
         layer_norm_eps: float = LAYER_NORM_EPSILON,
         attention_implementation: str = "xla",
+        plain_epilogues: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -49,6 +50,10 @@ class TransformerBlock(keras.layers.Layer):
         self.causal = causal
         self.layer_norm_eps = layer_norm_eps
         self.attention_implementation = attention_implementation
+        # Training computes bias+GELU, dropout+add and LayerNorm as plain ops with TensorFlow's own gradients
+        # instead of the fused custom-gradient kernels (a GPU candidate: XLA's cuBLASLt bias+GELU epilogue
+        # and cuDNN LayerNorm match only plain patterns). The same function and variables.
+        self.plain_epilogues = plain_epilogues
         init = keras.initializers.TruncatedNormal(stddev=initializer_range)
         policy = self.dtype_policy
 
@@ -105,10 +110,12 @@ class TransformerBlock(keras.layers.Layer):
                 x, input_mask, training=training, layout=layout, queries=residual, query_layout=query_layout,
                 dropout_seed=attention_seed,
             )
+        plain = self.plain_epilogues and training
         x = self.attention_layer_norm.add_and_norm(residual, attended, self.attention_dropout, training=training,
-                                                   seed=attention_output_seed)
-        y = self.output_dense(self.intermediate(x, training=training))
-        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training, seed=output_seed)
+                                                   seed=attention_output_seed, plain=plain)
+        y = self.output_dense(self.intermediate.plain_call(x) if plain else self.intermediate(x, training=training))
+        out = self.output_layer_norm.add_and_norm(x, y, self.output_dropout, training=training, seed=output_seed,
+                                                  plain=plain)
         return layout.to_grid(out) if grid_input and query_rows is None else out
 
     def draw_dropout_seeds(self, training):
@@ -144,5 +151,6 @@ class TransformerBlock(keras.layers.Layer):
             causal=self.causal,
             layer_norm_eps=self.layer_norm_eps,
             attention_implementation=self.attention_implementation,
+            plain_epilogues=self.plain_epilogues,
         )
         return config

@@ -79,15 +79,20 @@ class BertEncoder(keras.Model):
     more forward pass, with the activations of one block alive at a time instead of all L.
     A training setting (TrainSettings.gradient_checkpointing turns it on for a run's model);
     inference calls are the same either way, and checkpoints do not record it.
+
+    `plain_epilogues` (a GPU candidate) trains the blocks' bias+GELU, dropout+add and LayerNorm as plain
+    ops instead of the fused custom-gradient kernels (layers/transformer.py); the same function too.
     """
 
     def __init__(self, config: BertConfig, name: str = "bert", causal: bool = False,
-                 attention_implementation: str = "xla", gradient_checkpointing: bool = False, **kwargs):
+                 attention_implementation: str = "xla", gradient_checkpointing: bool = False,
+                 plain_epilogues: bool = False, **kwargs):
         super().__init__(name=name, **kwargs)
         self.config = config
         self.causal = causal
         self.attention_implementation = attention_implementation
         self.gradient_checkpointing = gradient_checkpointing
+        self.plain_epilogues = plain_epilogues
         policy = self.dtype_policy
         # --- layers
         self.embeddings = BertEmbeddings(
@@ -115,6 +120,7 @@ class BertEncoder(keras.Model):
                 causal=causal,
                 layer_norm_eps=config.layer_norm_eps,
                 attention_implementation=attention_implementation,
+                plain_epilogues=plain_epilogues,
                 name=f"layer_{i}",
                 dtype=policy,
             )
@@ -249,14 +255,16 @@ class BertEncoder(keras.Model):
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "causal": self.causal,
                 "attention_implementation": self.attention_implementation,
-                "gradient_checkpointing": self.gradient_checkpointing, "dtype": self.dtype_policy.name}
+                "gradient_checkpointing": self.gradient_checkpointing, "plain_epilogues": self.plain_epilogues,
+                "dtype": self.dtype_policy.name}
 
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig.from_dict(config["config"]), name=config.get("name", "bert"),
                    causal=config.get("causal", False),
                    attention_implementation=config.get("attention_implementation", "xla"),
-                   gradient_checkpointing=config.get("gradient_checkpointing", False), dtype=config.get("dtype"))
+                   gradient_checkpointing=config.get("gradient_checkpointing", False),
+                   plain_epilogues=config.get("plain_epilogues", False), dtype=config.get("dtype"))
 
 
     def run_block(self, block, x, input_mask, training, **kwargs):

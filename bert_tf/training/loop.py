@@ -161,9 +161,13 @@ class Trainer:
             items["loss_scale"] = self.loss_scale
         self.checkpoints = Checkpoints(items, model_dir, strategy, is_chief=self.is_chief,
                                        keep_max=settings.keep_checkpoint_max,
-                                       checkpoint_input_pipeline=checkpoint_input_pipeline)
+                                       checkpoint_input_pipeline=checkpoint_input_pipeline
+                                       and not settings.device_input)
         self._init_fn = init_fn
         self._live_input = None  # (dataset_fn, signature, iterator, step): the input kept between train() calls
+        # The clock as this run has it: the setting, or by default on only where the step runs on the CPU.
+        self.input_wait_clock = (settings.input_wait_clock if settings.input_wait_clock is not None
+                                 else not strategy_lib.on_accelerator(strategy))
         self.step = TrainStep(strategy, self.model, self.optimizer, loss_fn, micro_batches=settings.num_micro_batches,
                               clip_norm=settings.clip_norm, jit_compile=settings.jit_compile, loss_scale=self.loss_scale,
                               whole_step=settings.compile_whole_step)
@@ -227,7 +231,8 @@ class Trainer:
     def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0):
         """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, its first `skip_batches`
         batches dropped, grouped in `micro_batches` if > 1. Under OneDeviceStrategy it is a plain
-        dataset, whose iterator can be checkpointed (tf.distribute's iterators cannot)."""
+        dataset, whose iterator can be checkpointed (tf.distribute's iterators cannot), unless
+        settings.device_input asks for batches prefetched onto the device."""
 
         def per_replica(ctx):
             ds = dataset_fn(ctx, batch_size_per_replica)
@@ -237,9 +242,10 @@ class Trainer:
                 ds = ds.batch(micro_batches, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
             return ds
 
-        if self._single_device():
+        if self._single_device() and not self.settings.device_input:
             return per_replica(tf.distribute.InputContext())
-        return self.strategy.distribute_datasets_from_function(per_replica)
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)  # (the default, stated)
+        return self.strategy.distribute_datasets_from_function(per_replica, options=options)
 
     def _single_device(self) -> bool:
         return isinstance(self.strategy, tf.distribute.OneDeviceStrategy)
@@ -266,6 +272,10 @@ class Trainer:
             + f", clip_norm {c.clip_norm}, XLA cache: {xla_cache.current() or 'none'}"
             + f", gradient checkpointing: {'on' if c.gradient_checkpointing else 'off'}"
             + (f", XLA GPU flags: {gpu_flags}" if gpu_flags else ""),
+            f"input-wait clock: {'on' if self.input_wait_clock else 'off'} ("
+            + ("set" if c.input_wait_clock is not None else "the default on " + (
+                "a GPU/TPU: the host enqueues the next step without waiting for this one"
+                if strategy_lib.on_accelerator(self.strategy) else "the CPU")) + ")",
             f"optimizer: {c.optimizer}, peak learning rate {c.learning_rate:g}"
             + (f" (the head's {c.head_learning_rate:g})" if c.head_learning_rate is not None else "")
             + f", weight decay {c.weight_decay_rate:g}",
@@ -303,7 +313,7 @@ class Trainer:
         mask_key = mask_feature(spec)
         if mask_key not in self._train_loops:
             self._train_loops[mask_key] = make_train_loop(self.strategy, self.step.replica_step, self._metric_names,
-                                                          mask_key, clock_input=c.input_wait_clock)
+                                                          mask_key, clock_input=self.input_wait_clock)
         train_loop = self._train_loops[mask_key]
 
         last_saved = step

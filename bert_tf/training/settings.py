@@ -50,8 +50,14 @@ class TrainSettings:
     gradient_checkpointing: bool = False
     # Clock each step's wait for its batch (speed/input_wait_* in TensorBoard). The clock orders the host
     # after each step's outputs, so an accelerator idles while the host fetches the next batch and enqueues
-    # the next step; off, the host runs ahead (a GPU candidate, benchmarks/bench_pretraining.py +noclock).
-    input_wait_clock: bool = True
+    # the next step; off, the host runs ahead (benchmarks/bench_pretraining.py +noclock). None: on where the
+    # step runs on the CPU (nothing to overlap there), off on a GPU or TPU (Trainer.input_wait_clock).
+    input_wait_clock: Optional[bool] = None
+    # One device: feed the steps batches already on the device (tf.distribute's input with
+    # experimental_fetch_to_device, as multi-device strategies always have it) instead of the plain
+    # dataset, whose batches the step copies from the host. Its iterator cannot be saved: a resumed run
+    # skips the consumed batches instead (benchmarks/bench_pretraining.py +devfeed, a GPU candidate).
+    device_input: bool = False
     # Steps per host call, each ending with a log line; None (the default): chosen from the measured step
     # time, so a line comes at least every ~30 s and at each tenth of the run (training/host_calls.py).
     iterations_per_loop: Optional[int] = None

@@ -100,6 +100,12 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     return f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s)"
 
 
+def on_accelerator(strategy: tf.distribute.Strategy) -> bool:
+    """Whether the strategy's replicas run on GPUs or TPUs (not the CPU)."""
+    devices = [tf.DeviceSpec.from_string(d).device_type or "" for d in strategy.extended.worker_devices]
+    return any(d.upper() in ("GPU", "TPU") for d in devices)
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes summaries, logs and the real checkpoints."""
     resolver = getattr(strategy, "cluster_resolver", None)
