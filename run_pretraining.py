@@ -108,7 +108,7 @@ def pretraining_config():
                  f"--objective={objective}")
         if not FLAGS.use_next_sentence_prediction and objective == "mlm_nsp":
             objective = "mlm"
-    train = bert_flags.train_settings()
+    train = bert_flags.unchecked_train_settings()  # checked with the config (PretrainingConfig.check_values)
     try:
         bert_config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
         config = PretrainingConfig(

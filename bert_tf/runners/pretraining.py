@@ -172,13 +172,11 @@ def _init_fn(config: PretrainingConfig):
 
 
 def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> loop.Trainer:
+    """The Trainer of `config`'s run; the Trainer checks what only the run knows (TrainSettings.validate: the
+    steps, the batch against the replicas) in one line."""
     settings = config.train
+    init_fn = _init_fn(config)
     settings.set_seed()
-    try:
-        settings.validate(strategy.num_replicas_in_sync, train_steps=config.num_train_steps,
-                          global_batch_size=config.train_batch_size)
-    except ValueError as e:
-        raise PretrainingError(str(e)) from None
 
     def model_fn():
         if config.objective == "ltr":
@@ -188,7 +186,7 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
     return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
                         optimizer_lib.optimizer_fn(settings, config.num_train_steps, config.num_warmup_steps),
-                        init_fn=_init_fn(config), model_dir=config.output_dir,
+                        init_fn=init_fn, model_dir=config.output_dir,
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
 
