@@ -84,6 +84,17 @@ def train_settings():
     """The TrainSettings (bert_tf/training/settings.py) the shared training flags describe, checked: a one-line
     exit for a value no run can use. XLA is off here; bert_setup.train_settings_for decides it once the
     strategy exists (the default depends on the devices TensorFlow finds)."""
+    settings = unchecked_train_settings()
+    try:
+        settings.check()
+    except ValueError as e:
+        fail(str(e))
+    return settings
+
+
+def unchecked_train_settings():
+    """train_settings() with the flags' conflicts checked but not the values (TrainSettings.check): for a run
+    config that checks the TrainSettings it nests (PretrainingConfig.validate)."""
     from bert_tf.training.settings import TrainSettings
 
     settings = TrainSettings(
@@ -94,10 +105,6 @@ def train_settings():
         seed=FLAGS.seed, profile_steps=profile_steps(),
         gradient_checkpointing=bool(FLAGS.gradient_checkpointing) if "gradient_checkpointing" in FLAGS else False,
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
-    try:
-        settings.check()
-    except ValueError as e:
-        fail(str(e))
     strategy_name()  # --use_tpu against --distribution_strategy
     if FLAGS.compile_whole_step and FLAGS.jit_compile is False:
         fail(COMPILE_WHOLE_STEP_NEEDS_JIT)

@@ -1,12 +1,16 @@
 """Process set-up for the top-level scripts, once their settings passed the gate (bert_flags.py).
 
+Every training script walks the same path (docs/design.md, "The one path, room by room"):
+settings -> the gate -> set-up -> strategy -> run -> one report.
   1. setup_process(): XLA's compilation cache and GPU flags (process-wide, before TensorFlow's runtime
      starts), log lines with times, TensorFlow imported and quietened, remote path flags checked
      (a gs:// path needs TensorFlow's file system);
-  2. make_strategy(): the tf.distribute strategy, and what only it decides (XLA by default on a GPU or
-     TPU, the whole step on one device: train_settings_for);
-  3. the run, and its end: one-line errors (fail_with), SIGTERM's exit 143, --export_dir, the results
-     printed (run_and_report).
+  2. strategy_and_settings(): --overwrite_output_dir done, the tf.distribute strategy built (make_strategy),
+     and what only it decides (XLA by default on a GPU or TPU, the whole step on one device:
+     train_settings_for); fine-tuning keeps the strategy in its RunSettings (finetune_settings),
+     pretraining hands it to run_pretraining;
+  3. run_and_report(): the run, and its end: one-line errors (fail_with), SIGTERM's exit 143,
+     --export_dir, the results printed (report).
 
 Only the top-level scripts import this module (the library never reads flags).
 """
@@ -138,6 +142,15 @@ def use_whole_step(strategy, jit: bool) -> bool:
     return bool(chosen)
 
 
+def strategy_and_settings(train, config_asks_checkpointing: bool = False):
+    """(strategy, `train` with what the strategy decides: train_settings_for), after --overwrite_output_dir:
+    the one place every training script builds its strategy, once what needs TensorFlow to read (a
+    checkpoint's format, gs:// globs) was checked, so that inputs that do not go together fail first."""
+    bert_flags.overwrite_output_dir_if_asked()
+    strategy = make_strategy()
+    return strategy, train_settings_for(train, strategy, config_asks_checkpointing)
+
+
 def train_settings_for(train, strategy, config_asks_checkpointing: bool = False):
     """`train` (bert_flags.train_settings, checked) with XLA as the strategy's devices decide (use_jit), and
     gradient checkpointing as the flag or the model's config.json asks (use_gradient_checkpointing)."""
@@ -172,9 +185,7 @@ def finetune_settings(train):
         FLAGS.do_lower_case = resolve_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
     except (FinetuneError, ConfigError, VocabError, ValueError) as e:
         fail(str(e))
-    bert_flags.overwrite_output_dir_if_asked()
-    strategy = make_strategy()
-    train = train_settings_for(train, strategy, pretrained.gradient_checkpointing)
+    strategy, train = strategy_and_settings(train, pretrained.gradient_checkpointing)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
         strategy_name() != "tpu" and not train.jit_compile and not FLAGS.pack_sequences and not FLAGS.length_buckets)
     packing = {"max_sequences_per_row": FLAGS.max_sequences_per_row} if FLAGS.max_sequences_per_row is not None else {}
@@ -215,14 +226,15 @@ def fail_with(error: Exception):
     fail(str(error))
 
 
-def export_if_asked(settings):
-    """--export_dir: exports the fine-tuned model in --output_dir at the end of a run (the chief only)."""
-    if not FLAGS.export_dir:
+def export_if_asked(strategy):
+    """--export_dir, in the scripts that have it: exports the fine-tuned model in --output_dir at the end of
+    a run (the chief only)."""
+    if "export_dir" not in FLAGS or not FLAGS.export_dir:
         return
     from bert_tf.export import ExportError, export_model_dir
     from bert_tf.training.strategy import is_chief
 
-    if not is_chief(settings.strategy):
+    if not is_chief(strategy):
         return
     try:
         out = export_model_dir(FLAGS.output_dir, FLAGS.export_dir)
@@ -231,21 +243,28 @@ def export_if_asked(settings):
     logging.getLogger("bert_tf").info("exported the fine-tuned model as a SavedModel: %s", out)
 
 
-def run_and_report(run_fn, cfg, settings) -> None:
-    """Runs a fine-tuning `run(cfg)`: one-line errors, SIGTERM exit, --export_dir, the original's eval printout."""
-    from bert_tf.pretrained import FinetuneError
-    from bert_tf.tasks import TaskDataError
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
+def report(results, note: str = "", keep_order: bool = False) -> None:
+    """The original's eval printout, the one every training script ends with: per split (`results`: {split:
+    {metric: value}}; "" for a run without splits, as pretraining's) a `***** Eval results (split, note) *****`
+    line, then `  metric = value` lines, sorted unless `keep_order` (SQuAD's official order)."""
+    for split, split_results in results.items():
+        heading = ", ".join(part for part in (split, note) if part)
+        print(f"***** Eval results ({heading}) *****" if heading else "***** Eval results *****")
+        for key in (split_results if keep_order else sorted(split_results)):
+            print(f"  {key} = {split_results[key]}")
+
+
+def run_and_report(run, strategy, note: str = "", keep_order: bool = False) -> None:
+    """The end of every training script: `run()` -> {split: {metric: value}}, its errors in one line (the
+    ValueError family: bad input, config or data, a held output_dir; TrainingError: a NaN loss, a lost
+    worker, a checkpoint not written), SIGTERM's exit 143, --export_dir, then the results (report)."""
+    from bert_tf.training.errors import TrainingError, TrainingPreempted
 
     try:
-        results = run_fn(cfg)
-    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
+        results = run()
+    except (TrainingError, ValueError) as e:
         fail_with(e)
     except TrainingPreempted as e:
         exit_preempted(e)
-    export_if_asked(settings)
-    for split, split_results in results.items():
-        print(f"***** Eval results ({split}) *****")
-        for key in sorted(split_results):
-            print(f"  {key} = {split_results[key]}")
-
+    export_if_asked(strategy)
+    report(results, note, keep_order)

@@ -83,7 +83,7 @@ def main(_):
         window_aggregation=FLAGS.window_aggregation, window_training=FLAGS.window_training, pooling=FLAGS.pooling,
         absent_label=FLAGS.absent_label,
         **bert_flags.finetune_config_kwargs(settings))
-    bert_setup.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(lambda: run(cfg), settings.strategy)
 
 
 if __name__ == "__main__":

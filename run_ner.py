@@ -51,7 +51,7 @@ def main(_):
     cfg = NerRunConfig(
         data_dir=FLAGS.data_dir, labels=tuple(labels) if labels else None, feature_based=FLAGS.feature_based,
         feature_layers=FLAGS.feature_layers, doc_stride=FLAGS.doc_stride, **bert_flags.finetune_config_kwargs(settings))
-    bert_setup.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(lambda: run(cfg), settings.strategy)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def pretraining_config():
     the values, main() the model's fit once resolved. The input globs are expanded after set-up too (gs://
     globs need TensorFlow's file system)."""
     from bert_tf.configs import BertConfig, ConfigError
-    from bert_tf.training.pretraining_config import PretrainingConfig, PretrainingError
+    from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 
     required = ("input_file", "output_dir") if FLAGS.init_checkpoint else ("bert_config_file", "input_file",
                                                                           "output_dir")
@@ -108,7 +108,7 @@ def pretraining_config():
                  f"--objective={objective}")
         if not FLAGS.use_next_sentence_prediction and objective == "mlm_nsp":
             objective = "mlm"
-    train = bert_flags.train_settings()
+    train = bert_flags.unchecked_train_settings()  # checked with the config (PretrainingConfig.check_values)
     try:
         bert_config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
         config = PretrainingConfig(
@@ -131,15 +131,15 @@ def pretraining_config():
     return config
 
 
-def main(_):
-    config = pretraining_config()
-
-    bert_setup.setup_process()
+def resolved_config(config):
+    """The gate's config completed after set-up with what needs TensorFlow to read: --init_checkpoint's config,
+    vocab and casing (a checkpoint's format is read with TensorFlow's reader) and the model's fit checked then,
+    the input globs expanded (gs:// globs). Returns (config, whether the model's config asks for gradient
+    checkpointing); a one-line exit on a problem, before --overwrite_output_dir clears anything."""
     from bert_tf.configs import ConfigError, asks_gradient_checkpointing
     from bert_tf.data.pipelines import InputDataError, expand_input_files
-    from bert_tf.run_holder import OutputDirHeld
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
-    from bert_tf.training.pretraining import PretrainingError, resolve_init_checkpoint, run_pretraining
+    from bert_tf.runners.pretraining import resolve_init_checkpoint
+    from bert_tf.runners.pretraining_config import PretrainingError
 
     try:
         changes = {}
@@ -158,20 +158,23 @@ def main(_):
             config.validate()  # the checkpoint's config against the flags (the gate could not read it)
     except (ConfigError, InputDataError, PretrainingError) as e:
         fail(str(e))
-    bert_flags.overwrite_output_dir_if_asked()
-    strategy = bert_setup.make_strategy()
-    config = dataclasses.replace(config, train=bert_setup.train_settings_for(config.train, strategy,
-                                                                             config_asks_checkpointing))
-    try:
-        results = run_pretraining(config, strategy)
-    except (InputDataError, PretrainingError, TrainingError, OutputDirHeld) as e:
-        bert_setup.fail_with(e)
-    except TrainingPreempted as e:
-        bert_setup.exit_preempted(e)
-    if results:
-        print("***** Eval results *****")
-        for key in sorted(results):
-            print(f"  {key} = {results[key]}")
+    return config, config_asks_checkpointing
+
+
+def main(_):
+    config = pretraining_config()  # the gate: no TensorFlow yet
+
+    bert_setup.setup_process()
+    config, config_asks_checkpointing = resolved_config(config)
+    strategy, train = bert_setup.strategy_and_settings(config.train, config_asks_checkpointing)
+    config = dataclasses.replace(config, train=train)
+    from bert_tf.runners.pretraining import run_pretraining
+
+    def run():
+        results = run_pretraining(config, strategy)  # None without --do_eval
+        return {"": results} if results else {}
+
+    bert_setup.run_and_report(run, strategy)
 
 
 if __name__ == "__main__":

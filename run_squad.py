@@ -61,23 +61,12 @@ def main(_):
     bert_setup.setup_process()
     import dataclasses
 
-    from bert_tf.pretrained import FinetuneError
     from bert_tf.runners.squad import run
-    from bert_tf.training.loop import TrainingError, TrainingPreempted
 
     settings = bert_setup.finetune_settings(train)  # resolves --do_lower_case (None: the checkpoint's casing)
     cfg = dataclasses.replace(cfg, run=settings, do_lower_case=FLAGS.do_lower_case)
-    try:
-        results = run(cfg, inputs)
-    except (FinetuneError, TaskDataError, TrainingError, ValueError) as e:
-        bert_setup.fail_with(e)
-    except TrainingPreempted as e:
-        bert_setup.exit_preempted(e)
-    bert_setup.export_if_asked(cfg.run)
-    for split, split_results in results.items():
-        print(f"***** Eval results ({split}, SQuAD v{cfg.version}) *****")
-        for key, value in split_results.items():
-            print(f"  {key} = {value}")
+    bert_setup.run_and_report(lambda: run(cfg, inputs), settings.strategy, note=f"SQuAD v{cfg.version}",
+                              keep_order=True)  # the official evaluation's order
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def main(_):
     settings = bert_setup.finetune_settings(train)
     cfg = SwagRunConfig(
         data_dir=FLAGS.data_dir, **bert_flags.finetune_config_kwargs(settings))
-    bert_setup.run_and_report(run, cfg, settings)
+    bert_setup.run_and_report(lambda: run(cfg), settings.strategy)
 
 
 if __name__ == "__main__":

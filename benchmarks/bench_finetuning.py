@@ -197,8 +197,9 @@ def run_ours(args, padding, precision, xla):
     from bert_tf.runners.classifier import classification_loss
     from bert_tf.runners.common import make_trainer
     from bert_tf.runners.settings import RunSettings
-    from bert_tf.training.loop import TrainSettings, count_parameters
+    from bert_tf.training.loop import count_parameters
     from bert_tf.training.memory import retain_freed_memory
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     retain_freed_memory()  # as run_classifier.py (bert_setup.make_strategy)
@@ -464,8 +465,8 @@ def run_ours_gpu(args, task, variant):
     from bert_tf.runners.common import make_trainer
     from bert_tf.runners.settings import RunSettings
     from bert_tf.runners.squad import span_loss
-    from bert_tf.training.loop import TrainSettings
     from bert_tf.training.memory import retain_freed_memory
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     retain_freed_memory()

@@ -58,17 +58,18 @@ def worker(args) -> dict:
     """One variant: warm up (compile), then time args.steps steps. Prints one JSON line."""
     sys.path.insert(0, REPO)
     from bert_tf.configs import BertConfig
+    from bert_tf.runners import pretraining
+    from bert_tf.runners.pretraining_config import PretrainingConfig
     from bert_tf.tokenization import load_vocab
-    from bert_tf.training import pretraining
     from bert_tf.training import strategy as strategy_lib
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
 
     xla = args.worker.endswith("-xla")
     vocab = len(load_vocab(args.vocab_file)) if args.vocab_file else 30522
     if args.mode == "finetuning":
         trainer, batches = _finetuning_step(args, vocab, xla)
         return _time_step(args, trainer, batches)
-    config = pretraining.PretrainingConfig(
+    config = PretrainingConfig(
         bert_config=BertConfig.named(args.size, vocab_size=vocab, max_position_embeddings=max(512, args.max_seq_length)),
         input_files=[args.input_file], output_dir=os.path.join(args.work_dir, args.worker),
         max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq, do_train=True,
@@ -94,7 +95,8 @@ def _finetuning_step(args, vocab: int, xla: bool):
     from bert_tf.runners.common import PACKED_INPUTS
     from bert_tf.training import optimizer as optimizer_lib
     from bert_tf.training import strategy as strategy_lib
-    from bert_tf.training.loop import Trainer, TrainSettings
+    from bert_tf.training.loop import Trainer
+    from bert_tf.training.settings import TrainSettings
 
     rng = np.random.default_rng(0)
     seq, rows = args.max_seq_length, (args.warmup + args.steps) * args.batch_size

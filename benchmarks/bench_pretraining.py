@@ -387,10 +387,11 @@ def run_ours(args, precision, xla, options=()):
 
     from bert_tf.models.encoder import BertEncoder
     from bert_tf.models.pretrainer import BertPretrainer
+    from bert_tf.runners.pretraining import pretraining_loss_fn
     from bert_tf.training import loop
     from bert_tf.training import optimizer as optimizer_lib
     from bert_tf.training.memory import retain_freed_memory
-    from bert_tf.training.pretraining import pretraining_loss_fn
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     retain_freed_memory()  # as run_pretraining.py (bert_setup.make_strategy)
@@ -407,7 +408,7 @@ def run_ours(args, precision, xla, options=()):
     with tempfile.TemporaryDirectory() as model_dir:
         timed_end = args.steps * (args.loops + 1)
         extra = profile_steps(args)  # profiled after the timed loops, in a host call of its own
-        settings = loop.TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
+        settings = TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
                                       mixed_precision=precision, jit_compile=xla,
                                       compile_whole_step="whole" in options,
                                       input_wait_clock="noclock" not in options,

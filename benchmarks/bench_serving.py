@@ -136,7 +136,7 @@ def prepare(args):
     from bert_tf.configs import BertConfig
     from bert_tf.export import export_serving_model
     from bert_tf.models import BertClassifier, BertEncoder
-    from bert_tf.training.loop import dtype_policy
+    from bert_tf.training.step import dtype_policy
 
     exports = {tag: os.path.join(args.work_dir, f"ours-{tag}") for tag in ("fp32", "bf16", "int8")}
     missing = [tag for tag, path in exports.items() if not os.path.exists(os.path.join(path, "saved_model.pb"))]

@@ -134,8 +134,9 @@ def build_data(out, corpus, sizes, seed):
 
 def pretrain(out, objective, data, sizes, seed, strategy):
     from bert_tf.configs import BertConfig
-    from bert_tf.training.loop import TrainSettings
-    from bert_tf.training.pretraining import PretrainingConfig, run_pretraining
+    from bert_tf.runners.pretraining import run_pretraining
+    from bert_tf.runners.pretraining_config import PretrainingConfig
+    from bert_tf.training.settings import TrainSettings
 
     config = BertConfig(vocab_size=data["vocab_size"], hidden_size=sizes["hidden_size"],
                         num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
@@ -162,7 +163,7 @@ def finetune(task, out_dir, pretrained, data, sizes, seed, strategy):
     from bert_tf.runners import classifier, squad
     from bert_tf.runners.settings import RunSettings
     from bert_tf.tasks import glue
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
 
     settings = RunSettings(pretrained=pretrained, strategy=strategy,
                            train=TrainSettings(learning_rate=sizes["finetune_lr"], iterations_per_loop=50,
@@ -284,7 +285,7 @@ def main(_):
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per run from here instead
     from bert_tf.pretrained import resolve_pretrained
     from bert_tf.resources import SAMPLE_CORPUS
-    from bert_tf.training.pretraining import OBJECTIVES
+    from bert_tf.runners.pretraining_config import OBJECTIVES
     from bert_tf.training.strategy import get_strategy
 
     sizes = dict(QUICK if FLAGS.quick else FULL)

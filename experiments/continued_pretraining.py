@@ -111,8 +111,9 @@ def build_data(out, corpus, minilm, sizes, seed):
 
 
 def pretraining_config(out_dir, minilm, data, vocab_name, sizes, seed, do_train):
-    from bert_tf.training.loop import TrainSettings
-    from bert_tf.training.pretraining import PretrainingConfig, resolve_init_checkpoint
+    from bert_tf.runners.pretraining import resolve_init_checkpoint
+    from bert_tf.runners.pretraining_config import PretrainingConfig
+    from bert_tf.training.settings import TrainSettings
 
     vocab_file = data["base_vocab"] if vocab_name == "base" else data["ext_vocab"]
     bert_config, vocab_file, casing, init, _ = resolve_init_checkpoint(minilm, vocab_file=vocab_file)
@@ -147,7 +148,7 @@ def finetune(out_dir, pretrained, data_dir, sizes, seed, strategy):
     from bert_tf.runners import classifier
     from bert_tf.runners.settings import RunSettings
     from bert_tf.tasks import glue
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
 
     settings = RunSettings(pretrained=pretrained, strategy=strategy,
                            train=TrainSettings(learning_rate=sizes["finetune_lr"], iterations_per_loop=50,
@@ -236,7 +237,7 @@ def main(_):
         logging.getLogger(name).setLevel(logging.WARNING)
     from bert_tf.pretrained import resolve_pretrained
     from bert_tf.resources import SAMPLE_CORPUS, pretrained_minilm_dir
-    from bert_tf.training.pretraining import run_pretraining
+    from bert_tf.runners.pretraining import run_pretraining
     from bert_tf.training.strategy import get_strategy
 
     sizes = dict(QUICK if FLAGS.quick else FULL)

@@ -294,7 +294,7 @@ def main(_):
     from bert_tf.runners.settings import RunSettings
     from bert_tf.tasks.windows import doc_spans_for
     from bert_tf.tokenization import FullTokenizer
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     sizes = dict(train=48, dev=32, pieces=300) if FLAGS.quick else \

@@ -20,10 +20,11 @@ from bert_tf.configs import BertConfig
 from bert_tf.data import pretraining_job, schema
 from bert_tf.models import BertEncoder, BertPretrainer
 from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.runners.pretraining import build_trainer, run_pretraining
+from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, build_trainer, run_pretraining
+from bert_tf.training.settings import TrainSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 32, 5

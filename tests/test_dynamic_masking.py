@@ -16,10 +16,11 @@ from test_run_pretraining import PREDS, REPO, SEQ, _command, _events, _run, _wai
 from bert_tf.configs import BertConfig
 from bert_tf.data import masking, pipelines, pretraining_job
 from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.runners.pretraining import run_pretraining
+from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 from bert_tf.tokenization import load_vocab
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, run_pretraining
+from bert_tf.training.settings import TrainSettings
 
 CLS, SEP, MASK, V = 2, 3, 4, 50
 CONT = 40  # ids >= CONT are "##" pieces
@@ -270,9 +271,9 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 from test_dynamic_masking import _config
 from bert_tf.data import masking
 from bert_tf.tokenization import load_vocab
-from bert_tf.training import pretraining
+from bert_tf.runners import pretraining
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
+from bert_tf.training.settings import TrainSettings
 import pathlib
 d, tmp = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 settings = TrainSettings(learning_rate=1e-3, iterations_per_loop=2, save_checkpoints_steps=4)

@@ -236,7 +236,7 @@ def test_bad_quantize_requests_give_one_line_errors(tmp_path, tiny_vocab_file):
     with pytest.raises(ExportError, match="int8_weight_scale 'row'"):
         export_serving_model(model, "regression", str(tmp_path / "b"), tiny_vocab_file, True, SEQ, quantize="int8",
                              int8_weight_scale="row")
-    from bert_tf.training.loop import dtype_policy
+    from bert_tf.training.step import dtype_policy
 
     with dtype_policy("bfloat16"):
         mixed = build_task_model(_config(), dict(task_type="regression"))

@@ -242,7 +242,7 @@ def test_packed_heads_in_half_precision_equal_unpacked(precision, kind):
     mode. Bound (as tests/test_packing.py's half-precision test): packing only moves where the half type
     rounds, so packed and unpacked differ by about twice what rounding to it costs the unpacked result
     (measured against the same weights in float32), 3x leaving room."""
-    from bert_tf.training.loop import dtype_policy
+    from bert_tf.training.step import dtype_policy
 
     rng = np.random.default_rng(7)
     if kind == "multiple_choice":

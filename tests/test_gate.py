@@ -15,7 +15,7 @@ from conftest import REPO, run_script_main
 
 from bert_tf import fileio
 from bert_tf.configs import BertConfig
-from bert_tf.training.pretraining_config import PretrainingConfig, PretrainingError
+from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 from bert_tf.training.settings import TrainSettings
 
 # Runs a script as `python script.py ...` would, then says on stderr whether TensorFlow was imported.
@@ -172,7 +172,7 @@ def test_the_export_folder_rule_is_one_function(tmp_path):
 def test_the_gate_modules_never_import_tensorflow():
     code = ("import sys; import bert_tf, bert_flags, bert_setup; "
             "from bert_tf.training.settings import TrainSettings; "
-            "from bert_tf.training.pretraining_config import PretrainingConfig; "
+            "from bert_tf.runners.pretraining_config import PretrainingConfig; "
             "from bert_tf.tasks import glue, windows, conll; from bert_tf.runners import squad; "
             "from bert_tf.configs import BertConfig; from bert_tf import fileio; "
             "TrainSettings().check(); fileio.export_dir_problem('.', '--export_dir', 'x'); "

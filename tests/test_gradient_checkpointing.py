@@ -15,9 +15,10 @@ from conftest import REPO, float32_tolerance, imported_script, tiny_pretraining_
 from bert_tf.configs import BertConfig, asks_gradient_checkpointing
 from bert_tf.models.encoder import BertEncoder
 from bert_tf.pretrained import resolve_pretrained
+from bert_tf.runners.pretraining import _dataset_fn, build_trainer
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, _dataset_fn, build_trainer
+from bert_tf.training.settings import TrainSettings
 
 B, S = 2, 12
 CONFIG = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,

@@ -155,7 +155,7 @@ def test_the_checks_see_what_they_check():
 
 @pytest.mark.parametrize("module", ["bert_tf.tokenization", "bert_tf.data.pretraining_job", "bert_tf.tasks.glue",
                                     "bert_tf.beam.pretraining", "bert_tf.tokenization.vocab_builder",
-                                    "bert_tf.training.settings", "bert_tf.training.pretraining_config"])
+                                    "bert_tf.training.settings", "bert_tf.runners.pretraining_config"])
 def test_tensorflow_free_modules_import_no_tensorflow(module):
     """The data workers and the vocab builder run without TensorFlow: importing them loads none."""
     import subprocess

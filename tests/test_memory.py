@@ -16,7 +16,8 @@ if sys.argv[1] == "retain":
 if sys.argv[1] == "trainer":  # a program that trains with the library
     import keras, tensorflow as tf
     from bert_tf.training import loop, optimizer, strategy
-    trainer = loop.Trainer(strategy.get_strategy("one_device"), loop.TrainSettings(iterations_per_loop=1),
+    from bert_tf.training.settings import TrainSettings
+    trainer = loop.Trainer(strategy.get_strategy("one_device"), TrainSettings(iterations_per_loop=1),
                            lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
                            lambda model, x, training: (tf.reduce_mean(model(x) ** 2), {}),
                            lambda v: optimizer.create_optimizer("adamw", v, 0.01, 2, 0),

@@ -64,6 +64,7 @@ def _masked_trainer(model_dir, delay, train_steps=4, **settings):
     from bert_tf.training import loop
     from bert_tf.training import optimizer as opt
     from bert_tf.training import strategy as strategy_lib
+    from bert_tf.training.settings import TrainSettings
 
     x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
     mask = np.zeros((64, 8), np.int32)
@@ -93,7 +94,7 @@ def _masked_trainer(model_dir, delay, train_steps=4, **settings):
         return tf.reduce_mean(tf.square(model(masked, training=training))), {}
 
     trainer = loop.Trainer(strategy_lib.get_strategy("one_device"),
-                           loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=train_steps, **settings),
+                           TrainSettings(iterations_per_loop=2, save_checkpoints_steps=train_steps, **settings),
                            model_fn, loss_fn, lambda v: opt.create_optimizer("adamw", v, 0.01, train_steps, 0),
                            model_dir=str(model_dir), train_steps=train_steps, global_batch_size=4,
                            checkpoint_input_pipeline=False)  # (a py_function cannot be saved)

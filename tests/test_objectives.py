@@ -20,12 +20,13 @@ from bert_tf.pretrained import resolve_pretrained
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.runners.ner import tagging_loss
+from bert_tf.runners.pretraining import pretraining_loss_fn, run_pretraining
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.tasks import IGNORE_LABEL_ID
 from bert_tf.tokenization import FullTokenizer, vocab_builder
 from bert_tf.training import auxiliary_lm
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, pretraining_loss_fn, run_pretraining
+from bert_tf.training.settings import TrainSettings
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]
 CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=4, num_attention_heads=2,

@@ -14,7 +14,7 @@ from bert_tf.data import packing, pretraining_job, schema
 from bert_tf.models import BertPretrainer
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tokenization import vocab_builder
-from bert_tf.training.loop import dtype_policy
+from bert_tf.training.step import dtype_policy
 
 SEQ, PRED = 128, 20  # round(128 * 0.15) = 19 <= 20
 SHORT_SEQ_PROB = 0.5  # KJV verses are ~30 tokens: more short targets, so that rows have room to share

@@ -34,11 +34,12 @@ from test_training_loop import TOY_SOURCE
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job, schema
 from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.runners.pretraining import run_pretraining
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.tokenization import vocab_builder
-from bert_tf.training import loop
+from bert_tf.training import errors
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, run_pretraining
+from bert_tf.training.settings import TrainSettings
 
 TOY = {}
 exec(TOY_SOURCE, TOY)  # noqa: S102 - the toy regression task: dataset_fn, make_trainer, ...
@@ -264,7 +265,7 @@ def test_no_usable_checkpoint_is_one_line_not_a_fresh_start(toy_reference, tmp_p
     for step in (3, 6, 9, 12):
         _truncate_data(model_dir, step)
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
-    with pytest.raises(loop.CheckpointRestoreError) as info:
+    with pytest.raises(errors.CheckpointRestoreError) as info:
         trainer.train(TOY["dataset_fn"])
     # Truncated data is damage, not another model: the message says so and does not send the user elsewhere.
     assert str(info.value).startswith(f"{model_dir}: none of its 4 checkpoint(s) can be restored "
@@ -348,7 +349,7 @@ def test_disk_full_during_a_checkpoint_write(toy_reference, tmp_path):
     good = _digest(model_dir, 6)
     size = os.path.getsize(glob.glob(os.path.join(model_dir, "ckpt-6.data-*"))[0])
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
-    with file_size_limit(size // 2), pytest.raises(loop.CheckpointWriteError) as info:
+    with file_size_limit(size // 2), pytest.raises(errors.CheckpointWriteError) as info:
         trainer.train(TOY["dataset_fn"])
     message = str(info.value)
     assert message.startswith(f"{model_dir}: cannot write checkpoint ckpt-9 (") and "\n" not in message
@@ -388,7 +389,7 @@ def test_real_disk_full_during_training(toy_reference, full_disk):
             f.write(b"\0" * 4096)
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
     # The summary writer fails first (logged, training goes on); the checkpoint write stops the run.
-    with pytest.raises(loop.CheckpointWriteError) as info:
+    with pytest.raises(errors.CheckpointWriteError) as info:
         trainer.train(TOY["dataset_fn"])
     d = re.escape(model_dir)
     assert re.fullmatch(rf"{d}: cannot write checkpoint ckpt-9 \({d}/ckpt-9_temp/\S+; No space left on device\); "

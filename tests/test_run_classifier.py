@@ -347,7 +347,7 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     assert sentence_pooling(str(tmp_path / "broken")) is None
 
     from bert_tf.runners.common import head_rate_for
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
 
     mean, cls = SimpleNamespace(pooling="mean"), SimpleNamespace(pooling=None)  # a TaskRecord's pooling
     assert head_rate_for(mean, TrainSettings(learning_rate=5e-5)).head_learning_rate == pytest.approx(5e-3)

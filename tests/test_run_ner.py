@@ -85,7 +85,7 @@ def settings(tiny_model):
     """RunSettings for in-process runs (the script's finetune_settings without flags)."""
     from bert_tf.pretrained import resolve_pretrained
     from bert_tf.runners.common import RunSettings
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))

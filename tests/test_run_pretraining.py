@@ -16,10 +16,11 @@ from conftest import out_of_memory_command
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job
 from bert_tf.resources import SAMPLE_CORPUS
+from bert_tf.runners.pretraining import build_trainer, run_pretraining
+from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
-from bert_tf.training.loop import TrainSettings
-from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, build_trainer, run_pretraining
+from bert_tf.training.settings import TrainSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 32, 5
@@ -87,7 +88,7 @@ def test_loss_goes_down_and_mlm_accuracy_up(data, tmp_path):
 def test_packed_rows_under_xla_learn_with_one_compilation(data, tmp_path):
     """--pack_sequences with jit_compile: several instances per row, static shapes, so the compiled
     step is traced (and compiled) once for the whole run; the model learns; eval reads every instance."""
-    from bert_tf.training import pretraining
+    from bert_tf.runners import pretraining
 
     # Records of short instances: documents of two half-verses (the corpus's own instances fill every row).
     with open(SAMPLE_CORPUS, encoding="utf-8") as f:
@@ -158,7 +159,7 @@ def test_filled_last_eval_batch_keeps_shapes_and_metrics(data):
     """fill_last_batch: every batch [B, S] (one XLA program), every instance read once, and the filler
     changes no metric: the last batch scores as the same instances unfilled."""
     from bert_tf.models import BertPretrainer
-    from bert_tf.training.pretraining import pretraining_loss_fn
+    from bert_tf.runners.pretraining import pretraining_loss_fn
 
     files = [str(data / "train.tfrecord")]
     plain = list(pipelines.pretraining_dataset(files, SEQ, PREDS, 12, is_training=False, drop_remainder=False))
@@ -291,7 +292,7 @@ def test_the_pretrainer_skips_padding_unless_xla_compiled(tmp_path, jit_compile)
 
 
 # The pretraining loss, too big to allocate (conftest.out_of_memory_command).
-PRETRAINING_TOO_BIG = ("from bert_tf.training import pretraining\n"
+PRETRAINING_TOO_BIG = ("from bert_tf.runners import pretraining\n"
                        "pretraining.pretraining_loss_fn = too_big(pretraining.pretraining_loss_fn)")
 
 

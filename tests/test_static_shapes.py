@@ -15,7 +15,8 @@ from bert_tf.runners import shapes
 from bert_tf.runners.arrays import Predictor, arrays_dataset_fn
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.training import optimizer as optimizer_lib
-from bert_tf.training.loop import Trainer, TrainSettings
+from bert_tf.training.loop import Trainer
+from bert_tf.training.settings import TrainSettings
 from bert_tf.training.strategy import get_strategy
 
 SEQ, VOCAB, BATCH = 48, 40, 4

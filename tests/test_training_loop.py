@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf.training import loop
+from bert_tf.training import errors, loop
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
+from bert_tf.training.settings import TrainSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,6 +22,7 @@ TOY_SOURCE = textwrap.dedent(
     """
     import numpy as np, tensorflow as tf, keras
     from bert_tf.training import loop, optimizer as opt, strategy as strategy_lib
+    from bert_tf.training.settings import TrainSettings
 
     _rng = np.random.default_rng(0)
     X = _rng.normal(size=(512, 4)).astype(np.float32)
@@ -46,7 +48,7 @@ TOY_SOURCE = textwrap.dedent(
     def make_trainer(model_dir, strategy="one_device", steps=12, batch=16, checkpoint_input_pipeline=True, **kw):
         settings = dict(iterations_per_loop=3, save_checkpoints_steps=6)
         settings.update(kw)
-        return loop.Trainer(strategy_lib.get_strategy(strategy), loop.TrainSettings(**settings), model_fn, loss_fn,
+        return loop.Trainer(strategy_lib.get_strategy(strategy), TrainSettings(**settings), model_fn, loss_fn,
                             lambda v: opt.create_optimizer("adamw", v, 0.05, steps, 2), model_dir=model_dir,
                             train_steps=steps, global_batch_size=batch,
                             checkpoint_input_pipeline=checkpoint_input_pipeline)
@@ -134,7 +136,7 @@ def test_non_finite_loss_stops_naming_the_step(tmp_path):
         return dict(e, y=tf.where(i == 100, np.nan, e["y"]))
 
     trainer = make_trainer(str(tmp_path))  # noqa: F821
-    with pytest.raises(loop.NonFiniteLossError, match=r"loss is nan at step 7; stopped without saving "
+    with pytest.raises(errors.NonFiniteLossError, match=r"loss is nan at step 7; stopped without saving "
                        r"\(last good checkpoint: .*ckpt-6\)"):
         trainer.train(lambda ctx, b: dataset_fn(ctx, b, on_element=poison))  # noqa: F821
     assert _ckpt_steps(str(tmp_path)) == [6]
@@ -154,7 +156,7 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     # py_function makes the input unserializable, so the input position is not checkpointed here.
     trainer = make_trainer(str(tmp_path), save_checkpoints_steps=100, steps=30,  # noqa: F821
                            checkpoint_input_pipeline=False)
-    with pytest.raises(loop.TrainingPreempted) as info:
+    with pytest.raises(errors.TrainingPreempted) as info:
         trainer.train(lambda ctx, b: dataset_fn(ctx, b, on_element=send_sigterm))  # noqa: F821
     # The input pipeline prefetches, so the signal lands while loop 1 or loop 2 runs: the trainer
     # finishes that loop (3 steps per host call) and saves there, never mid-loop, never later.
@@ -192,7 +194,7 @@ class _Headed(tf.keras.Model):
 
 @pytest.mark.parametrize("head_learning_rate", [None, 0.2])
 def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
-    settings = loop.TrainSettings(learning_rate=0.01, head_learning_rate=head_learning_rate, iterations_per_loop=3,
+    settings = TrainSettings(learning_rate=0.01, head_learning_rate=head_learning_rate, iterations_per_loop=3,
                                   save_checkpoints_steps=6)
     trainer = loop.Trainer(strategy_lib.get_strategy("one_device"), settings, _Headed, loss_fn,  # noqa: F821
                            optimizer_lib.optimizer_fn(settings, 6, 2), model_dir=str(tmp_path), train_steps=6, global_batch_size=16)

@@ -8,9 +8,10 @@ from conftest import FLOAT32_EPS, float32_tolerance
 
 from bert_tf.configs import BertConfig
 from bert_tf.models.pretrainer import BertPretrainer
+from bert_tf.runners.pretraining import pretraining_loss_fn
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
-from bert_tf.training.pretraining import pretraining_loss_fn
+from bert_tf.training.settings import TrainSettings
 from bert_tf.training.strategy import get_strategy
 
 B, S, P, STEPS = 4, 16, 3, 4
@@ -46,7 +47,7 @@ def train(model_dir, start, **settings):
 
     trainer = loop.Trainer(
         get_strategy("one_device"),
-        loop.TrainSettings(iterations_per_loop=2, save_checkpoints_steps=100, jit_compile=True, **settings),
+        TrainSettings(iterations_per_loop=2, save_checkpoints_steps=100, jit_compile=True, **settings),
         lambda: BertPretrainer(CONFIG, skip_padding=False), pretraining_loss_fn,
         lambda v: optimizer_lib.create_optimizer("adamw", v, LEARNING_RATE, STEPS, 1), model_dir=model_dir,
         train_steps=STEPS, global_batch_size=B, checkpoint_input_pipeline=False, init_fn=init_fn)
@@ -75,7 +76,7 @@ def test_whole_step_gives_the_same_weights_as_todays_step(tmp_path):
 
 def test_whole_step_needs_xla_and_one_device(tmp_path):
     with pytest.raises(ValueError, match="whole_step compiles the step with XLA: it needs jit_compile"):
-        loop.Trainer(get_strategy("one_device"), loop.TrainSettings(compile_whole_step=True),
+        loop.Trainer(get_strategy("one_device"), TrainSettings(compile_whole_step=True),
                      lambda: BertPretrainer(CONFIG, skip_padding=False), pretraining_loss_fn,
                      lambda v: optimizer_lib.create_optimizer("adamw", v, 1e-3, STEPS, 1), model_dir=str(tmp_path),
                      train_steps=STEPS, global_batch_size=B, checkpoint_input_pipeline=False)

@@ -19,7 +19,7 @@ saves most of a block when a head reads only those (the classifier reads
 computed, nor the gradients (tests/test_encoder.py compares both with call()).
 The real-token row count is a shape that changes from batch to batch, so
 XLA-compiled training builds its models with skip_padding=False: the caller
-chooses (bert_tf/training/pretraining.py, the fine-tuning runners).
+chooses (bert_tf/runners/pretraining.py, the fine-tuning runners).
 
 Packed rows (several sequences per row, bert_tf/data/packing.py) are the same
 calls on other inputs: `sequence_ids` and `position_ids` instead of

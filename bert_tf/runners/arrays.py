@@ -44,7 +44,7 @@ def trim_padding(batch: Dict[str, tf.Tensor], multiple: int = PAD_TO_MULTIPLE,
 
 def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
     """A short fingerprint of featurized arrays (names, shapes, bytes): the training input's identity
-    for resuming its position (bert_tf.training.loop.input_signature)."""
+    for resuming its position (bert_tf.training.checkpointing.input_signature)."""
     digest = hashlib.blake2b(digest_size=8)
     for name in sorted(arrays):
         value = np.ascontiguousarray(arrays[name])

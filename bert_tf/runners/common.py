@@ -39,7 +39,8 @@ from bert_tf.tokenization import load_vocab
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.auxiliary_lm import with_auxiliary_lm
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
-from bert_tf.training.loop import Trainer, TrainSettings
+from bert_tf.training.loop import Trainer
+from bert_tf.training.settings import TrainSettings
 from bert_tf.training.strategy import is_chief
 
 logger = logging.getLogger("bert_tf.runners")

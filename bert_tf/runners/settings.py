@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from bert_tf.data.packing import FINETUNE_MAX_SEQUENCES_PER_ROW
 from bert_tf.pretrained import Pretrained
-from bert_tf.training.loop import TrainSettings
+from bert_tf.training.settings import TrainSettings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A batch too large for the GPU's (or TPU core's, or the host's) memory surfaces from TensorFlow as
 `ResourceExhaustedError` with a page of allocator state; under XLA it can also come from compiling
 the step (an `InternalError` whose text says RESOURCE_EXHAUSTED, e.g. when autotuning cannot get a
-workspace). Fine-tuning (bert_tf.runners.common) and pretraining (bert_tf.training.pretraining) turn
+workspace). Fine-tuning (bert_tf.runners.common) and pretraining (bert_tf.runners.pretraining) turn
 either into `OutOfDeviceMemory`, a TrainingError the scripts print as their one `error:` line. It is
 raised before the run's first checkpoint, so output_dir keeps what it held (the side files are written
 just before that save).

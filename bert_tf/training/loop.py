@@ -55,37 +55,13 @@ from bert_tf import progress as progress_lib
 from bert_tf.checkpoint_names import encoder_of
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training import xla_cache, xla_gpu
-
-# The public names of the loop's parts, importable from here as before the split.
-from bert_tf.training.checkpointing import Checkpoints, input_signature  # noqa: F401
-from bert_tf.training.errors import (  # noqa: F401
-    PEER_FAILURES,
-    CheckpointRestoreError,
-    CheckpointWriteError,
-    NonFiniteLossError,
-    TrainingError,
-    TrainingPreempted,
-    WorkerLostError,
-    peer_detail,
-)
+from bert_tf.training.checkpointing import Checkpoints, input_signature
+from bert_tf.training.errors import PEER_FAILURES, NonFiniteLossError, TrainingPreempted, WorkerLostError, peer_detail
 from bert_tf.training.host_calls import LIVE_SECONDS, CallSizer
-from bert_tf.training.inner_loop import (  # noqa: F401
-    MASK_FEATURES,
-    evaluate_batches,
-    make_train_loop,
-    mask_feature,
-    run_host_loop,
-)
+from bert_tf.training.inner_loop import evaluate_batches, make_train_loop, mask_feature, run_host_loop
 from bert_tf.training.reporting import Profiler, Reporter, loop_report, model_config
-from bert_tf.training.settings import TrainSettings  # noqa: F401  (the training/settings.py move)
-from bert_tf.training.step import (  # noqa: F401
-    INITIAL_LOSS_SCALE,
-    LOSS_SCALE_GROWTH_STEPS,
-    PRECISIONS,
-    LossScale,
-    TrainStep,
-    dtype_policy,
-)
+from bert_tf.training.settings import TrainSettings
+from bert_tf.training.step import LossScale, TrainStep, dtype_policy
 
 logger = logging.getLogger("bert_tf.training")
 

@@ -1,7 +1,7 @@
 """What a pretraining run is asked to do (`PretrainingConfig`): plain values, checked without TensorFlow.
 
 run_pretraining.py builds and checks it before TensorFlow loads (bert_flags.pretraining_config);
-bert_tf.training.pretraining.run_pretraining trusts a checked config. What needs the data (the
+bert_tf.runners.pretraining.run_pretraining trusts a checked config. What needs the data (the
 records' kind, their largest token id) is checked there, once the records are read.
 """
 

@@ -45,19 +45,16 @@ from bert_tf.data import masking, packing, pipelines, schema
 from bert_tf.data.pretraining import max_predictions_needed
 from bert_tf.models.language_model import LeftToRightPretrainer
 from bert_tf.models.pretrainer import BertPretrainer
-from bert_tf.tokenization import VocabError, load_vocab
-from bert_tf.training import loop
-from bert_tf.training import optimizer as optimizer_lib
-from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
-from bert_tf.training.pretraining_config import (  # noqa: F401  (their home: checked before TensorFlow loads)
+from bert_tf.runners.pretraining_config import (
     DEFAULT_MASKED_LM_PROB,
-    DEFAULT_MAX_EVAL_STEPS,
-    DEFAULT_OBJECTIVE,
-    MASKINGS,
     OBJECTIVES,
     PretrainingConfig,
     PretrainingError,
 )
+from bert_tf.tokenization import VocabError, load_vocab
+from bert_tf.training import loop
+from bert_tf.training import optimizer as optimizer_lib
+from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
 from bert_tf.training.strategy import is_chief
 
 logger = logging.getLogger("bert_tf.pretraining")
@@ -175,13 +172,11 @@ def _init_fn(config: PretrainingConfig):
 
 
 def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -> loop.Trainer:
+    """The Trainer of `config`'s run; the Trainer checks what only the run knows (TrainSettings.validate: the
+    steps, the batch against the replicas) in one line."""
     settings = config.train
+    init_fn = _init_fn(config)
     settings.set_seed()
-    try:
-        settings.validate(strategy.num_replicas_in_sync, train_steps=config.num_train_steps,
-                          global_batch_size=config.train_batch_size)
-    except ValueError as e:
-        raise PretrainingError(str(e)) from None
 
     def model_fn():
         if config.objective == "ltr":
@@ -191,7 +186,7 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
 
     return loop.Trainer(strategy, settings, model_fn, pretraining_loss_fn,
                         optimizer_lib.optimizer_fn(settings, config.num_train_steps, config.num_warmup_steps),
-                        init_fn=_init_fn(config), model_dir=config.output_dir,
+                        init_fn=init_fn, model_dir=config.output_dir,
                         train_steps=config.num_train_steps, global_batch_size=config.train_batch_size)
 
 
@@ -261,7 +256,7 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
 
     Raises PretrainingError / pipelines.InputDataError (one line) on bad input, run_holder.OutputDirHeld
     (one line) when another live run holds output_dir,
-    loop.NonFiniteLossError on a NaN loss, loop.TrainingPreempted after SIGTERM.
+    errors.NonFiniteLossError on a NaN loss, errors.TrainingPreempted after SIGTERM (bert_tf/training/errors.py).
     """
     # 1. the data: every file's first record, before anything is written
     train_files, eval_files, (train_masks, eval_masks) = _check_inputs(config)
