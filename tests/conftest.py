@@ -141,42 +141,8 @@ def half_precision_matmul_crashes() -> str:
             f"{'/'.join(lost)}; a real CPU without them runs this test")
 
 
-# `pytest -m "not slow"` is the fast loop (README, Development): it leaves out the tests that run
-# scripts or whole runs in subprocesses, end to end. CI runs everything.
-SLOW_MODULES = {
-    "test_tensorboard.py",
-    "test_quickstart.py", "test_ablations.py", "test_run_classifier.py", "test_run_squad.py", "test_run_swag.py",
-    "test_run_ner.py", "test_run_pretraining.py", "test_reliability.py", "test_resume.py", "test_predict.py",
-    "test_memory.py", "test_env.py", "test_hf_fidelity.py", "test_export.py", "test_export_int8.py",
-    "test_convert_checkpoint.py", "test_bench_pretraining.py", "test_continued_pretraining.py",
-    "test_hub.py", "test_beam.py", "test_readme_run.py",
-}
-SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
-              "test_gpu_mode_runs_ours_and_hugging_face_on_both_tasks_and_writes_its_results",
-              # test_console's subprocess runs (its start-up test and unit tests are fast)
-              "test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back",
-              "test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it",
-              "test_a_bucket_that_does_not_answer_fails_after_the_check_timeout", "test_kjv_records_pack_to_at_least_97_percent",
-              "test_real_text_matches_original", "test_kjv_vocab_coverage",
-              "test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows",
-              "test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unchanged",
-              "test_exported_windows_classifier_windows_raw_text_in_the_graph",
-              "test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window",
-              "test_exported_tagger_answers_texts_that_fit_as_without_windows",
-              "test_int8_exports_with_windows_stay_within_the_int8_bound",
-              "test_second_process_loads_the_compiled_program", "test_the_flag_through_run_pretraining",
-              # whole tiny pretraining runs, two each (tests/test_gradient_checkpointing.py)
-              "test_the_trainer_recomputes_and_trains_the_same_weights", "test_mixed_precision_trains_the_same_weights",
-              "test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere",
-              "test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
-
-
+# `pytest -m "not slow"` is the fast loop (README, Development). A test that runs a script or a whole run in
+# a subprocess carries `@pytest.mark.slow`; a module of such tests says `pytestmark = pytest.mark.slow`.
 def pytest_runtest_setup(item):
     if item.get_closest_marker("half_precision"):
         why = half_precision_matmul_crashes()

@@ -14,6 +14,8 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, imported_script, shared_path
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = str(REPO / "convert_checkpoint.py")
 
 

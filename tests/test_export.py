@@ -24,6 +24,8 @@ from bert_tf.serving.module import pad_positions, used_length
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair, truncated_pair_lengths, unicode_differences
 from bert_tf.tokenization import BasicTokenizer, FullTokenizer
 
+pytestmark = pytest.mark.slow
+
 HARD_CASES = [
     "UNwant\u00e9d,running",
     " \tHeLLo!how  \n Are yoU?  ",

@@ -21,6 +21,8 @@ from bert_tf.model_dir import build_task_model
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair
 
+pytestmark = pytest.mark.slow
+
 SEQ = 16
 LABELS = ["contradiction", "entailment", "neutral"]
 TEXTS_A = ["The cat sat on the mat.", "HELLO, how are you?", "unwanted running dog", "a " * 30,

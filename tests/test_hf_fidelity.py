@@ -26,6 +26,8 @@ from bert_tf.configs import BertConfig, ConfigError
 from bert_tf.layers.activations import Dense, gelu, gelu_exact, get_activation
 from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer
 
+pytestmark = pytest.mark.slow
+
 TINY = dict(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=32, max_position_embeddings=16, type_vocab_size=2)
 SENTENCES = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium.",

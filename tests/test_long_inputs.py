@@ -629,6 +629,7 @@ def test_clean_negatives_trains_in_slots_then_calibrates_in_one_resumable_run(ti
     assert again["dev"] == results["dev"]
 
 
+@pytest.mark.slow
 def test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows(tiny_model, windows_model,
                                                                                    tmp_path):
     """The falsifiable check: a document of three windows is "yes" when it holds the sentence "want cat !",
@@ -652,6 +653,7 @@ def test_label_past_the_first_window_is_chance_truncated_and_learned_with_window
     assert accuracy["windows"] >= 0.8, accuracy
 
 
+@pytest.mark.slow
 def test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unchanged(
         tiny_model, tokenizer, windows_model, tmp_path):
     """The trained windows model evaluates and predicts truncated and with windows. The dev documents all fit:
@@ -729,6 +731,7 @@ def test_windows_pack_like_any_examples(tokenizer):
                                   outputs[np.searchsorted(window_example, np.arange(5)), 0])
 
 
+@pytest.mark.slow
 def test_exported_windows_classifier_windows_raw_text_in_the_graph(tiny_model, windows_model, tmp_path):
     """A model directory trained with windows exports a SavedModel whose text signatures cut long texts into the
     same windows and aggregate them as the runner does: its probabilities equal test_results.tsv (float32
@@ -826,6 +829,7 @@ def ner_model(tiny_model, tmp_path_factory):
     return out, texts
 
 
+@pytest.mark.slow
 def test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window(tiny_model, tokenizer, ner_model,
                                                                                  tmp_path):
     """A tagger trained with --doc_stride exports a SavedModel whose serving_default windows the text in the graph
@@ -888,6 +892,7 @@ def test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window
     np.testing.assert_array_equal(probabilities[1, len(texts[1]):], 0.0)
 
 
+@pytest.mark.slow
 def test_exported_tagger_answers_texts_that_fit_as_without_windows(ner_model, tmp_path):
     """Texts shorter than one window: the windowed tagger gives what the tagger without windows (the export of
     the same model dir with windows=None) gives, at today's width of max_seq_length."""
@@ -914,6 +919,7 @@ def test_exported_tagger_answers_texts_that_fit_as_without_windows(ner_model, tm
 
 
 # ------------------------------------------------------------------ int8 with windows
+@pytest.mark.slow
 def test_int8_exports_with_windows_stay_within_the_int8_bound(windows_model, ner_model, tmp_path):
     """The windowed classifier and tagger exported in int8 answer long and short texts within the bound the
     suite holds non-windowed int8 exports to (tests/test_export_int8.py): probabilities within
@@ -1066,6 +1072,7 @@ def test_the_absent_label_goes_first_and_a_trusted_one_must_be_named(tmp_path):
         order_labels(regression, str(tmp_path), "none", by)
 
 
+@pytest.mark.slow
 def test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere(tiny_model,
                                                                                                    tmp_path):
     """Through run_classifier.py: the marker task labelled contains_nt / none (sorted: the "found" label first).

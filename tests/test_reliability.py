@@ -40,6 +40,8 @@ from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.loop import TrainSettings
 from bert_tf.training.pretraining import PretrainingConfig, run_pretraining
 
+pytestmark = pytest.mark.slow
+
 TOY = {}
 exec(TOY_SOURCE, TOY)  # noqa: S102 - the toy regression task: dataset_fn, make_trainer, ...
 SEQ, PREDS = 32, 5

@@ -27,6 +27,8 @@ from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import loop
 
+pytestmark = pytest.mark.slow
+
 TOY = {}
 exec(TOY_SOURCE, TOY)  # noqa: S102 - the toy regression task: dataset_fn, make_trainer, ...
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, out_of_memory_command, shared_path
 
+pytestmark = pytest.mark.slow
+
 DATA = TESTDATA / "classifier"
 
 

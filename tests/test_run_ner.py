@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from conftest import REPO, shared_path
 
+pytestmark = pytest.mark.slow
+
 # Every word has one tag, so the task is learnable word by word; "dogs", "unwanted" and "running"
 # are several word pieces (dog ##s, un ##want ##ed, runn ##ing) and "running lowest" is a two-word entity.
 ENTITIES = [[("cat", "B-PER")], [("dogs", "B-ORG")], [("unwanted", "B-MISC")],

@@ -21,6 +21,8 @@ from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.loop import TrainSettings
 from bert_tf.training.pretraining import PretrainingConfig, PretrainingError, build_trainer, run_pretraining
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 32, 5
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -19,6 +19,8 @@ from conftest import REPO, TESTDATA
 
 from bert_tf.tasks import TaskDataError, squad, squad_metrics
 
+pytestmark = pytest.mark.slow
+
 # A task a tiny model learns in a few dozen steps: the answer is the one number word in
 # the context; a third of the v2.0 questions have none (unanswerable).
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",

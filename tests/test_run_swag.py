@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from conftest import REPO, shared_path
 
+pytestmark = pytest.mark.slow
+
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label"]
 CONTEXTS = ["the cat sat on the mat .", "hello , how are you ?", "a dog sat .", "the mat !"]

@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from conftest import REPO, TESTDATA, TINY_VOCAB, tiny_pretraining_folder
 
+pytestmark = pytest.mark.slow
+
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, type_vocab_size=2,
             max_position_embeddings=64)
 SERVER_SECONDS = 120  # the server's start and its first load of the logdir, at most

@@ -117,6 +117,7 @@ def test_script_and_errors(tmp_path):
         assert not (tmp_path / "v2.txt").exists()
 
 
+@pytest.mark.slow
 def test_kjv_vocab_coverage():
     kjv = shared_path("corpora", "kjv.txt")
     with open(kjv, encoding="utf-8") as f:

@@ -43,6 +43,7 @@ print("RESULT", float(f(tf.ones((4, 32)))))
 """
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_compiled_program(tmp_path):
     cache = tmp_path / "cache"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="device_executable_persistor=3")
