@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import subprocess
 import sys
 from typing import Optional
 
@@ -69,6 +70,34 @@ def run_script_main(name, *args):
             else:
                 os.environ["TF_XLA_FLAGS"] = xla_flags
         return 0
+
+
+# Environment additions for a script run that must not see a GPU (the run tests compare CPU numbers).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_command(command, *, cwd=REPO, env=None, timeout=600, check=False) -> subprocess.CompletedProcess:
+    """Runs `command` (a list) in a fresh process, its output captured as text. env: variables set on top of
+    this process' environment (a value None removes one); cwd: the repository unless given. check: the test
+    fails unless it exits 0, with a message naming the command, its exit code and the end of its stderr."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    proc = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, env=full_env,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        shown = " ".join(str(part) for part in command[1:])
+        pytest.fail(f"exit {proc.returncode}: {shown}\n--- stderr (end) ---\n{proc.stderr[-3000:]}", pytrace=False)
+    return proc
+
+
+def run_script(name, *flags, **kwargs) -> subprocess.CompletedProcess:
+    """The top-level script `name` (e.g. "run_classifier.py") with these flags, as a user starts it: a fresh
+    Python process, from the repository unless cwd says otherwise. Keywords as for run_command."""
+    return run_command([sys.executable, REPO / name, *flags], **kwargs)
 
 
 def shared_path(*parts) -> pathlib.Path:

@@ -4,11 +4,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, out_of_memory_command, shared_path
+from conftest import CPU_ONLY, REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, out_of_memory_command, run_script, shared_path
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +15,7 @@ DATA = TESTDATA / "classifier"
 
 
 def run_classifier(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / "run_classifier.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    return run_script("run_classifier.py", *args, env=CPU_ONLY)
 
 
 def user_task_args(model, output_dir, *extra):
@@ -371,9 +368,7 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
 
 
 def _script(name, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=600)
+    return run_script(name, *args, env=CPU_ONLY)
 
 
 def test_early_stopping_keeps_best_which_exports_and_predicts_and_a_cased_checkpoint_sets_the_casing(

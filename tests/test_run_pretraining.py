@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import out_of_memory_command
+from conftest import out_of_memory_command, run_command
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job
@@ -189,9 +189,8 @@ def _command(data, out, steps, **extra):
     return [sys.executable, os.path.join(REPO, "run_pretraining.py")] + [f"--{k}={v}" for k, v in flags.items()]
 
 
-def _run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), **kw)
+def _run(cmd):
+    return run_command(cmd, timeout=300)
 
 
 def _wait_for_checkpoint(model_dir, step, proc, timeout=200):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TESTDATA
+from conftest import CPU_ONLY, REPO, TESTDATA, run_script
 
 from bert_tf.tasks import TaskDataError, squad, squad_metrics
 
@@ -64,8 +64,7 @@ def squad_env():
 
 
 def run_squad(*args):
-    return subprocess.run(squad_command(*args), capture_output=True, text=True, env=squad_env(), cwd=REPO,
-                          timeout=600)
+    return run_script("run_squad.py", *args, env=CPU_ONLY)
 
 
 def read_eval_results(path):
