@@ -4,6 +4,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -53,10 +54,14 @@ def benchmark_module(name):
 
 
 def run_script_main(name, *args):
-    """A top-level absl script's main with these flags, in this process: its exit code. The process-wide
-    XLA cache setting a script makes (bert_setup.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
-    later tests' subprocesses do not inherit a cache in this test's folder."""
-    xla_flags = os.environ.get("TF_XLA_FLAGS")
+    """A top-level absl script's main with these flags, in this process: its exit code (an `error: ...` line is
+    the code itself). What a script sets for its whole process is undone afterwards: the environment
+    (bert_setup.use_xla_cache's TF_XLA_FLAGS, so later tests' subprocesses do not inherit a cache in this
+    test's folder) and the root logger (bert_setup.setup_process' basicConfig(force=True), which would
+    otherwise drop pytest's log capture and print every later test's logs)."""
+    environ = dict(os.environ)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     with imported_script(name) as script:
         script.FLAGS.unparse_flags()
         script.FLAGS([f"{name}.py", *args])
@@ -65,10 +70,15 @@ def run_script_main(name, *args):
         except SystemExit as e:
             return e.code
         finally:
-            if xla_flags is None:
-                os.environ.pop("TF_XLA_FLAGS", None)
-            else:
-                os.environ["TF_XLA_FLAGS"] = xla_flags
+            os.environ.clear()
+            os.environ.update(environ)
+            for handler in list(root.handlers):
+                if handler not in handlers:
+                    root.removeHandler(handler)
+            for handler in handlers:
+                if handler not in root.handlers:
+                    root.addHandler(handler)
+            root.setLevel(level)
         return 0
 
 
