@@ -180,6 +180,23 @@ def half_precision_matmul_crashes() -> str:
             f"{'/'.join(lost)}; a real CPU without them runs this test")
 
 
+# The longest test by far (8-9 minutes on one worker: README, Development): run first, so that under
+# `pytest -n 2` it never starts late and ends the suite alone.
+LONGEST_MODULE = "test_readme_run.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest work first, as a scheduler does with jobs of known length: test_readme_run, then the modules
+    with slow tests, then the fast ones, which fill both workers up to the end. Each module's tests stay together
+    and in order (its module-scoped fixtures are made once per worker)."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        return 0 if item.path.name == LONGEST_MODULE else 1 if item.path in slow_modules else 2
+
+    items.sort(key=rank)  # stable: the collection order within each rank
+
+
 # `pytest -m "not slow"` is the fast loop (README, Development). A test that runs a script or a whole run in
 # a subprocess carries `@pytest.mark.slow`; a module of such tests says `pytestmark = pytest.mark.slow`.
 def pytest_runtest_setup(item):
