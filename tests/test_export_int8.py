@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_PROB_TOLERANCE, TINY_VOCAB, WITHOUT_BERT_TF
+from conftest import REPO, TINY_PROB_TOLERANCE, TINY_VOCAB, WITHOUT_BERT_TF, run_script
 
 from bert_tf import env as env_lib
 from bert_tf.configs import BertConfig, write_run_info
@@ -350,10 +350,8 @@ def test_int8_encoder_export_is_close_to_the_encoder(exports):
 
 
 def test_cli_quantize_flag(exports, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "export_savedmodel.py"), f"--model_dir={exports['base'] / 'model_dir'}",
-         f"--export_dir={tmp_path / 'cli'}", "--quantize=int8"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    result = run_script("export_savedmodel.py", f"--model_dir={exports['base'] / 'model_dir'}",
+                        f"--export_dir={tmp_path / 'cli'}", "--quantize=int8", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "wrote SavedModel" in result.stdout and "(int8)" in result.stdout
     meta = json.loads((tmp_path / "cli" / "assets" / "bert_tf_export.json").read_text("utf-8"))
