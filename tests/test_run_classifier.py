@@ -258,14 +258,16 @@ def test_no_action_flag(tiny_model, tmp_path):
 @pytest.mark.parametrize("task, keys", [("MRPC", {"eval_accuracy", "eval_f1", "eval_acc_and_f1"}),
                                          ("STS-B", {"eval_pearson", "eval_spearman", "eval_corr"}),
                                          ("CoLA", {"eval_mcc", "eval_accuracy"})])
-def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, task, keys):
+def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, capsys, task, keys):
+    """The GLUE files' own layouts read, scored and written (run_classifier.py's main in this process: a
+    TensorFlow start less per task; the script's own path is test_train_eval_predict_learns_and_writes_original_files)."""
     data_dir = shared_path("fixtures", "glue", task)
     out = tmp_path / "out"
     has_test = (data_dir / "test.tsv").exists()  # the MRPC sample has no test file
     args = user_task_args(tiny_model, out, "--do_eval", *(["--do_predict"] if has_test else []))
     args = [a for a in args if not a.startswith(("--task_name", "--data_dir", "--index_column"))]
-    result = run_classifier(f"--task_name={task}", f"--data_dir={data_dir}", *args)
-    assert result.returncode == 0, result.stderr[-3000:]
+    code = run_script_main("run_classifier", f"--task_name={task}", f"--data_dir={data_dir}", *args)
+    assert code == 0, capsys.readouterr().err[-3000:]
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert keys | {"eval_loss", "global_step"} == set(results)
     if not has_test:
