@@ -11,7 +11,7 @@ FILLER = ["the", "a", "dog", "sat", "on", "mat", "how", "are", "you", "hello", "
 def _settings(tiny_model, learning_rate=1e-3):
     from bert_tf.pretrained import resolve_pretrained
     from bert_tf.runners.common import RunSettings
-    from bert_tf.training.loop import TrainSettings
+    from bert_tf.training.settings import TrainSettings
     from bert_tf.training.strategy import get_strategy
 
     pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))
