@@ -4,8 +4,10 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
+import subprocess
 import sys
 from typing import Optional
 
@@ -52,10 +54,14 @@ def benchmark_module(name):
 
 
 def run_script_main(name, *args):
-    """A top-level absl script's main with these flags, in this process: its exit code. The process-wide
-    XLA cache setting a script makes (bert_setup.use_xla_cache: TF_XLA_FLAGS) is undone afterwards, so
-    later tests' subprocesses do not inherit a cache in this test's folder."""
-    xla_flags = os.environ.get("TF_XLA_FLAGS")
+    """A top-level absl script's main with these flags, in this process: its exit code (an `error: ...` line is
+    the code itself). What a script sets for its whole process is undone afterwards: the environment
+    (bert_setup.use_xla_cache's TF_XLA_FLAGS, so later tests' subprocesses do not inherit a cache in this
+    test's folder) and the root logger (bert_setup.setup_process' basicConfig(force=True), which would
+    otherwise drop pytest's log capture and print every later test's logs)."""
+    environ = dict(os.environ)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     with imported_script(name) as script:
         script.FLAGS.unparse_flags()
         script.FLAGS([f"{name}.py", *args])
@@ -64,11 +70,44 @@ def run_script_main(name, *args):
         except SystemExit as e:
             return e.code
         finally:
-            if xla_flags is None:
-                os.environ.pop("TF_XLA_FLAGS", None)
-            else:
-                os.environ["TF_XLA_FLAGS"] = xla_flags
+            os.environ.clear()
+            os.environ.update(environ)
+            for handler in list(root.handlers):
+                if handler not in handlers:
+                    root.removeHandler(handler)
+            for handler in handlers:
+                if handler not in root.handlers:
+                    root.addHandler(handler)
+            root.setLevel(level)
         return 0
+
+
+# Environment additions for a script run that must not see a GPU (the run tests compare CPU numbers).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_command(command, *, cwd=REPO, env=None, timeout=600, check=False) -> subprocess.CompletedProcess:
+    """Runs `command` (a list) in a fresh process, its output captured as text. env: variables set on top of
+    this process' environment (a value None removes one); cwd: the repository unless given. check: the test
+    fails unless it exits 0, with a message naming the command, its exit code and the end of its stderr."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    proc = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, env=full_env,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        shown = " ".join(str(part) for part in command[1:])
+        pytest.fail(f"exit {proc.returncode}: {shown}\n--- stderr (end) ---\n{proc.stderr[-3000:]}", pytrace=False)
+    return proc
+
+
+def run_script(name, *flags, **kwargs) -> subprocess.CompletedProcess:
+    """The top-level script `name` (e.g. "run_classifier.py") with these flags, as a user starts it: a fresh
+    Python process, from the repository unless cwd says otherwise. Keywords as for run_command."""
+    return run_command([sys.executable, REPO / name, *flags], **kwargs)
 
 
 def shared_path(*parts) -> pathlib.Path:
@@ -141,42 +180,25 @@ def half_precision_matmul_crashes() -> str:
             f"{'/'.join(lost)}; a real CPU without them runs this test")
 
 
-# `pytest -m "not slow"` is the fast loop (README, Development): it leaves out the tests that run
-# scripts or whole runs in subprocesses, end to end. CI runs everything.
-SLOW_MODULES = {
-    "test_tensorboard.py",
-    "test_quickstart.py", "test_ablations.py", "test_run_classifier.py", "test_run_squad.py", "test_run_swag.py",
-    "test_run_ner.py", "test_run_pretraining.py", "test_reliability.py", "test_resume.py", "test_predict.py",
-    "test_memory.py", "test_env.py", "test_hf_fidelity.py", "test_export.py", "test_export_int8.py",
-    "test_convert_checkpoint.py", "test_bench_pretraining.py", "test_continued_pretraining.py",
-    "test_hub.py", "test_beam.py", "test_readme_run.py",
-}
-SLOW_TESTS = {"test_mirrored_two_cpus_matches_one_device",
-              "test_gpu_mode_runs_ours_and_hugging_face_on_both_tasks_and_writes_its_results",
-              # test_console's subprocess runs (its start-up test and unit tests are fast)
-              "test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back",
-              "test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it",
-              "test_a_bucket_that_does_not_answer_fails_after_the_check_timeout", "test_kjv_records_pack_to_at_least_97_percent",
-              "test_real_text_matches_original", "test_kjv_vocab_coverage",
-              "test_label_past_the_first_window_is_chance_truncated_and_learned_with_windows",
-              "test_long_document_is_the_aggregation_of_its_windows_and_short_ones_are_unchanged",
-              "test_exported_windows_classifier_windows_raw_text_in_the_graph",
-              "test_exported_tagger_tags_each_word_of_a_long_text_in_its_max_context_window",
-              "test_exported_tagger_answers_texts_that_fit_as_without_windows",
-              "test_int8_exports_with_windows_stay_within_the_int8_bound",
-              "test_second_process_loads_the_compiled_program", "test_the_flag_through_run_pretraining",
-              # whole tiny pretraining runs, two each (tests/test_gradient_checkpointing.py)
-              "test_the_trainer_recomputes_and_trains_the_same_weights", "test_mixed_precision_trains_the_same_weights",
-              "test_max_without_the_absent_label_stops_before_training_and_named_trains_it_as_found_nowhere",
-              "test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over"}
+# The longest test by far (8-9 minutes on one worker: README, Development): run first, so that under
+# `pytest -n 2` it never starts late and ends the suite alone.
+LONGEST_MODULE = "test_readme_run.py"
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
+    """The longest work first, as a scheduler does with jobs of known length: test_readme_run, then the modules
+    with slow tests, then the fast ones, which fill both workers up to the end. Each module's tests stay together
+    and in order (its module-scoped fixtures are made once per worker)."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        return 0 if item.path.name == LONGEST_MODULE else 1 if item.path in slow_modules else 2
+
+    items.sort(key=rank)  # stable: the collection order within each rank
 
 
+# `pytest -m "not slow"` is the fast loop (README, Development). A test that runs a script or a whole run in
+# a subprocess carries `@pytest.mark.slow`; a module of such tests says `pytestmark = pytest.mark.slow`.
 def pytest_runtest_setup(item):
     if item.get_closest_marker("half_precision"):
         why = half_precision_matmul_crashes()

@@ -13,6 +13,8 @@ import pytest
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.tasks.corpus_tasks import next_verse_pairs, read_chapters, split_chapters, squad_json, word_questions
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -16,6 +16,8 @@ import sys
 import pytest
 from conftest import REPO, TINY_VOCAB
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("apache_beam")
 
 from test_predict import _model_dir  # noqa: E402  (a tiny task model_dir with spread-out weights)

@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, benchmark_module
 
 
+@pytest.mark.slow
 def test_gpu_mode_runs_ours_and_hugging_face_on_both_tasks_and_writes_its_results(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OUT=str(out))

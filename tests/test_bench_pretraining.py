@@ -10,6 +10,8 @@ from conftest import benchmark_module
 from bert_tf.data import schema
 from bert_tf.data.pipelines import InputDataError
 
+pytestmark = pytest.mark.slow
+
 SEQ, PRED, BATCH = 16, 3, 4
 
 

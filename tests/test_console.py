@@ -53,6 +53,7 @@ def _env(**extra):
     return dict(env, **extra)
 
 
+@pytest.mark.slow
 def test_tensorflow_noise_is_hidden_and_bert_tf_verbose_brings_it_back(tmp_path):
     # (oneDNN forced on: TensorFlow then prints its notice on every CPU class)
     quiet = subprocess.run([sys.executable, "-c", SAVE_A_MODEL, str(tmp_path / "a")], capture_output=True,
@@ -162,6 +163,7 @@ def test_check_remote_names_the_path_of_an_unreachable_bucket_or_unknown_scheme(
                                     "--vocab_file={tmp}/vocab.txt"], "--input_file={b}/corpus.txt"),
     ("export_savedmodel.py", ["--model_dir={b}/model", "--export_dir={tmp}/export"], "{b}/model"),
 ])
+@pytest.mark.slow
 def test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it(tmp_path, script, args, named):
     def fill(text):
         return text.format(b=BUCKET, tmp=tmp_path, repo=REPO)
@@ -180,6 +182,7 @@ def test_scripts_given_an_unreachable_bucket_stop_with_one_line_naming_it(tmp_pa
     print(f"{script}: {time.time() - start:.1f}s")
 
 
+@pytest.mark.slow
 def test_a_bucket_that_does_not_answer_fails_after_the_check_timeout(tmp_path):
     # A refused connection (here: through a proxy on a closed local port) is retried by TensorFlow's
     # GCS client for minutes (196 s measured); the start-up check gives up after its timeout.

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_script_main
 
 from bert_tf import checkpoints, pretrained
 from bert_tf.configs import BertConfig
@@ -25,6 +26,8 @@ from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingErr
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
+
+pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 32, 5
@@ -250,16 +253,25 @@ def test_a_tiny_continued_run_lowers_held_out_mlm_loss(setup, tmp_path, vocab):
 
 # ------------------------------------------------------------------ from the command line
 @pytest.mark.parametrize("kind", ["tf1_encoder", "hf_folder", "ours_dir"])
-def test_the_command_line_continues_from_each_kind(setup, kind, tmp_path):
-    """No --bert_config_file, --vocab_file or --do_lower_case: all come from the checkpoint's folder."""
+def test_the_command_line_continues_from_each_kind(setup, kind, tmp_path, capsys):
+    """No --bert_config_file, --vocab_file or --do_lower_case: all come from the checkpoint's folder. The
+    Hugging Face folder through the script in a fresh process, as a user runs it; the other kinds through its
+    main in this process (the same flags and log; a TensorFlow start less each)."""
     out = tmp_path / "out"
-    cmd = [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--init_checkpoint={setup['kinds'][kind]}",
-           f"--input_file={setup['data']['train']}", f"--output_dir={out}", "--do_train", "--objective=mlm",
-           f"--max_seq_length={SEQ}", f"--max_predictions_per_seq={PREDS}", "--train_batch_size=8",
-           "--num_train_steps=2", "--num_warmup_steps=0", "--iterations_per_loop=2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [x for x in proc.stderr.splitlines() if "initialised from" in x]
+    flags = [f"--init_checkpoint={setup['kinds'][kind]}",
+             f"--input_file={setup['data']['train']}", f"--output_dir={out}", "--do_train", "--objective=mlm",
+             f"--max_seq_length={SEQ}", f"--max_predictions_per_seq={PREDS}", "--train_batch_size=8",
+             "--num_train_steps=2", "--num_warmup_steps=0", "--iterations_per_loop=2"]
+    if kind == "hf_folder":
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py"), *flags],
+                              capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = proc.stderr
+    else:
+        code = run_script_main("run_pretraining", *flags)
+        log = capsys.readouterr().err
+        assert code == 0, log[-3000:]
+    lines = [x for x in log.splitlines() if "initialised from" in x]
     assert len(lines) == 1
     fresh = "heads not in the checkpoint start fresh: masked LM (cls/predictions/*)"
     assert lines[0].endswith(fresh if kind != "ours_dir" else "every head restored"), lines[0]

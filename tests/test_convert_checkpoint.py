@@ -4,22 +4,18 @@ One test runs the script as a process (exit code, stderr); the others call its m
 process with parsed flags, because each TensorFlow start costs ~10-20 s on the shared CPU.
 """
 
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, imported_script, shared_path
+from conftest import imported_script, run_script, shared_path
 
-SCRIPT = str(REPO / "convert_checkpoint.py")
+pytestmark = pytest.mark.slow
 
 
 def run(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
+    return run_script("convert_checkpoint.py", *args, env={"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
 
 
 def run_in_process(capsys, *args):

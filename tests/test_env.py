@@ -11,6 +11,8 @@ from conftest import REPO
 
 from bert_tf import env
 
+pytestmark = pytest.mark.slow
+
 ALL_ISA = {name: True for name in env.ISA_FLAGS.values()}
 AVX2_ONLY = {name: name in ("AVX2", "FMA") for name in env.ISA_FLAGS.values()}  # e.g. AMD Zen 3
 

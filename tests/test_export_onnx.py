@@ -3,13 +3,11 @@ model, and predict.py answers raw text from it exactly as from the SavedModel of
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_VOCAB, tiny_task_model_dir
+from conftest import REPO, TINY_VOCAB, run_script, tiny_task_model_dir
 
 from bert_tf.export import EXPORT_TYPES, ExportError, export_checkpoint, export_model_dir
 from bert_tf.serving.predictor import Predictor, load, rows_of, run_batch
@@ -148,8 +146,7 @@ def test_onnx_serves_raw_text_as_the_savedmodel(exports, saved_models, kind):
 
 
 def _script(name, *args, env=None):
-    result = subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, timeout=300,
-                            env=env)
+    result = run_script(name, *args, env=env, timeout=300)
     errors = [line for line in result.stderr.splitlines() if line.startswith(name)]
     return result.returncode, result.stdout, errors
 

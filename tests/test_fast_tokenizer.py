@@ -182,6 +182,7 @@ def real_texts():
 # The original tokenizer is the slow part (~100k wordpieces/s): the cased and
 # keep-accents modes check every 5th of those texts.
 @pytest.mark.parametrize("do_lower_case,strip_accents,stride", [(True, None, 1), (False, None, 5), (True, False, 5)])
+@pytest.mark.slow
 def test_real_text_matches_original(real_texts, do_lower_case, strip_accents, stride):
     vocab = str(shared_path("fixtures", "vocab", "bert-base-uncased-vocab.txt"))
     full, fast = _tokenizer_pair(vocab, do_lower_case, strip_accents)

@@ -125,6 +125,7 @@ def _pretrain(data, out, **settings):
 
 @pytest.mark.parametrize("xla", [dict(), dict(jit_compile=True, compile_whole_step=True)],
                          ids=["no_xla", "whole_step"])
+@pytest.mark.slow
 def test_the_trainer_recomputes_and_trains_the_same_weights(pretraining_data, tmp_path, xla):
     """The pretrainer (masked LM at a few positions, NSP) trained 4 steps, dropout on: the same weights with
     and without checkpointing, under the graph step without XLA and the whole step as one XLA program."""
@@ -141,6 +142,7 @@ def test_the_trainer_recomputes_and_trains_the_same_weights(pretraining_data, tm
 
 @pytest.mark.half_precision
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+@pytest.mark.slow
 def test_mixed_precision_trains_the_same_weights(pretraining_data, tmp_path, precision):
     """Under a mixed policy (float16 with its loss scale) the recomputed blocks give the kept ones' steps
     within half-precision rounding."""
@@ -195,6 +197,7 @@ def test_a_config_that_asks_turns_it_on_unless_the_flag_says_otherwise(tmp_path,
                 f"the model's config.json asks for gradient_checkpointing: {logged}"]
 
 
+@pytest.mark.slow
 def test_the_flag_through_run_pretraining(pretraining_data, tmp_path):
     """--gradient_checkpointing as typed, in a fresh process, relative paths, XLA's whole step: the run
     summary says so, the run trains and finishes; a bert_config.json that is not Hugging Face's asks nothing."""

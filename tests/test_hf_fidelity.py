@@ -13,18 +13,19 @@ dependencies); without them those tests skip. Bounds, float32 throughout:
 import json
 import math
 import os
-import subprocess
-import sys
 
+import conftest
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TINY_VOCAB
+from conftest import TINY_VOCAB
 
 from bert_tf import checkpoints
 from bert_tf.configs import BertConfig, ConfigError
 from bert_tf.layers.activations import Dense, gelu, gelu_exact, get_activation
 from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer
+
+pytestmark = pytest.mark.slow
 
 TINY = dict(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=32, max_position_embeddings=16, type_vocab_size=2)
@@ -50,9 +51,7 @@ def tiny_inputs(seed=0):
 
 
 def run_script(name, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return conftest.run_script(name, *args, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 # ------------------------------------------------------------------ the activation

@@ -19,6 +19,8 @@ from bert_tf.export import export_preprocessor, export_serving_model
 from bert_tf.models.encoder import build_encoder
 from bert_tf.tokenization import BasicTokenizer, FullTokenizer
 
+pytestmark = pytest.mark.slow
+
 SEQ = 16
 SENTENCES = [
     "The cat sat on the mat.", "Crème Brûlée, café!", "ah博推zz 中文 text", "HeLLo!how are you?",

@@ -12,6 +12,8 @@ from conftest import REPO, tiny_task_model_dir
 from bert_tf.export import export_model_dir
 from bert_tf.tokenization import FullTokenizer
 
+pytestmark = pytest.mark.slow
+
 SEQ = 24
 TAGS = ["O", "B-PER", "I-PER"]
 

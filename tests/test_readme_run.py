@@ -36,6 +36,8 @@ from typing import Callable
 import pytest
 from conftest import REPO, TESTDATA
 
+pytestmark = pytest.mark.slow
+
 # The manual in reading order; later pages use earlier pages' outputs (the module docstring).
 PAGES = ["README.md", "docs/pretraining.md", "docs/finetuning.md", "docs/serving.md", "docs/checkpoints.md",
          "docs/accelerators.md"]

@@ -41,6 +41,8 @@ from bert_tf.training import errors
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
 
+pytestmark = pytest.mark.slow
+
 TOY = {}
 exec(TOY_SOURCE, TOY)  # noqa: S102 - the toy regression task: dataset_fn, make_trainer, ...
 SEQ, PREDS = 32, 5

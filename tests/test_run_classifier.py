@@ -3,20 +3,29 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TESTDATA, TINY_CONFIG, TINY_VOCAB, out_of_memory_command, shared_path
+from conftest import (
+    CPU_ONLY,
+    REPO,
+    TESTDATA,
+    TINY_CONFIG,
+    TINY_VOCAB,
+    out_of_memory_command,
+    run_command,
+    run_script,
+    run_script_main,
+    shared_path,
+)
+
+pytestmark = pytest.mark.slow
 
 DATA = TESTDATA / "classifier"
 
 
 def run_classifier(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / "run_classifier.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    return run_script("run_classifier.py", *args, env=CPU_ONLY)
 
 
 def user_task_args(model, output_dir, *extra):
@@ -141,11 +150,9 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run(out_of_memory_command(CLASSIFIER_TOO_BIG, REPO / "run_classifier.py",
-                                                  *user_task_args(tiny_model, out, "--do_train"),
-                                                  "--jit_compile=false", "--gradient_accumulation_steps=2"),
-                            capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    result = run_command(out_of_memory_command(CLASSIFIER_TOO_BIG, REPO / "run_classifier.py",
+                                               *user_task_args(tiny_model, out, "--do_train"),
+                                               "--jit_compile=false", "--gradient_accumulation_steps=2"), env=CPU_ONLY)
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last == ("error: out of device memory in training on CPU:0: a batch of 4 examples per replica x 32 "
@@ -180,24 +187,26 @@ def test_out_of_device_memory_is_one_line_and_leaves_output_alone(tiny_model, tm
          "--aux_lm_weight cannot be combined with --window_training=each_then_aggregate"),
     ],
 )
-def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, extra, message):
+def test_bad_input_is_one_line_and_leaves_output_alone(tiny_model, tmp_path, capsys, extra, message):
+    """run_classifier.py's main in this process (a fresh process each cost ~12 s): its exit code is the one
+    `error:` line a user sees (tests/test_gate.py shows that line on stderr in a fresh process)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    result = run_classifier(*user_task_args(tiny_model, out, "--do_train"), *extra)
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert message in last and last.startswith("error: "), result.stderr[-2000:]
-    assert result.stderr.count(message) == 1, result.stderr[-2000:]  # once: not also as a log line
+    code = run_script_main("run_classifier", *user_task_args(tiny_model, out, "--do_train"), *extra)
+    assert isinstance(code, str) and code.startswith("error: ") and "\n" not in code and message in code, code
+    assert message not in capsys.readouterr().err  # once: not also as a log line
     assert (out / "keep.txt").read_text() == "precious"
     assert not (out / "eval_results.txt").exists()
 
 
 @pytest.mark.parametrize("aggregation", ["any", "max"])
-def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(tiny_model, tmp_path, aggregation):
+def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(tiny_model, tmp_path, capsys,
+                                                                                aggregation):
     """Long inputs in two stages (any's default each_then_calibrate, max's clean_negatives; each_then_aggregate
     shares the check): a missing test file with --do_predict, or a bad dev file with --do_eval, is one line at
-    the start, not an error after the first stage has trained."""
+    the start, not an error after the first stage has trained. (run_classifier.py's main in this process: its
+    exit code is the error line.)"""
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train.tsv", "dev.tsv"):
@@ -206,13 +215,12 @@ def test_a_file_the_second_stage_reads_is_checked_before_the_first_stage_trains(
     args = [*user_task_args(tiny_model, out, "--do_train"), f"--data_dir={data}", "--long_inputs=windows",
             f"--window_aggregation={aggregation}", "--absent_label=no"]
     first = out / {"any": "each_window", "max": "clean_negatives"}[aggregation]
-    result = run_classifier(*args, "--do_predict")
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode != 0 and last == f"error: {data / 'test.tsv'}: cannot read file (No such file or directory)", result.stderr[-2000:]
-    assert not first.exists() and "stage 1 of 2" not in result.stderr
+    code = run_script_main("run_classifier", *args, "--do_predict")
+    assert code == f"error: {data / 'test.tsv'}: cannot read file (No such file or directory)", code
+    assert not first.exists() and "stage 1 of 2" not in capsys.readouterr().err
     (data / "dev.tsv").write_text("id\tsentence\tlabel\n0\tthe cat\tmaybe\n", encoding="utf-8")
-    result = run_classifier(*args, "--do_eval")
-    assert result.returncode != 0 and "unknown label 'maybe'" in result.stderr.strip().splitlines()[-1]
+    code = run_script_main("run_classifier", *args, "--do_eval")
+    assert code.startswith("error: ") and "\n" not in code and "unknown label 'maybe'" in code, code
     assert not first.exists()
 
 
@@ -233,34 +241,33 @@ def test_vocab_that_does_not_fit_the_checkpoint_is_one_line(tiny_model, tmp_path
         (out / name).write_text("previous run")
     other = tmp_path / "domain_vocab.txt"
     other.write_text("\n".join(TINY_VOCAB[:-5]) + "\n")
-    result = run_classifier("--task_name=user", f"--data_dir={DATA}", "--index_column=id", f"--vocab_file={other}",
-                            f"--bert_config_file={tiny_model / 'bert_config.json'}", f"--init_checkpoint={ckpt}",
-                            f"--output_dir={out}", "--max_seq_length=32", "--do_train", "--do_eval",
-                            "--overwrite_output_dir")
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == (f"error: {other}: {len(TINY_VOCAB) - 5} tokens but {ckpt} has vocab_size {len(TINY_VOCAB)}; "
-                    "use the checkpoint's vocab (or an extension of it: create_vocab.py --extend_vocab)"), \
-        result.stderr[-2000:]
+    code = run_script_main("run_classifier", "--task_name=user", f"--data_dir={DATA}", "--index_column=id",
+                           f"--vocab_file={other}", f"--bert_config_file={tiny_model / 'bert_config.json'}",
+                           f"--init_checkpoint={ckpt}", f"--output_dir={out}", "--max_seq_length=32", "--do_train",
+                           "--do_eval", "--overwrite_output_dir")
+    assert code == (f"error: {other}: {len(TINY_VOCAB) - 5} tokens but {ckpt} has vocab_size {len(TINY_VOCAB)}; "
+                    "use the checkpoint's vocab (or an extension of it: create_vocab.py --extend_vocab)"), code
     assert sorted(os.listdir(out)) == sorted(["keep.txt", *previous])
 
 
 def test_no_action_flag(tiny_model, tmp_path):
-    result = run_classifier(*user_task_args(tiny_model, tmp_path / "out"))
-    assert result.returncode != 0 and "at least one of --do_train" in result.stderr
+    code = run_script_main("run_classifier", *user_task_args(tiny_model, tmp_path / "out"))
+    assert code.startswith("error: ") and "at least one of --do_train" in code
 
 
 @pytest.mark.parametrize("task, keys", [("MRPC", {"eval_accuracy", "eval_f1", "eval_acc_and_f1"}),
                                          ("STS-B", {"eval_pearson", "eval_spearman", "eval_corr"}),
                                          ("CoLA", {"eval_mcc", "eval_accuracy"})])
-def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, task, keys):
+def test_glue_real_layouts_eval_and_predict(tiny_model, tmp_path, capsys, task, keys):
+    """The GLUE files' own layouts read, scored and written (run_classifier.py's main in this process: a
+    TensorFlow start less per task; the script's own path is test_train_eval_predict_learns_and_writes_original_files)."""
     data_dir = shared_path("fixtures", "glue", task)
     out = tmp_path / "out"
     has_test = (data_dir / "test.tsv").exists()  # the MRPC sample has no test file
     args = user_task_args(tiny_model, out, "--do_eval", *(["--do_predict"] if has_test else []))
     args = [a for a in args if not a.startswith(("--task_name", "--data_dir", "--index_column"))]
-    result = run_classifier(f"--task_name={task}", f"--data_dir={data_dir}", *args)
-    assert result.returncode == 0, result.stderr[-3000:]
+    code = run_script_main("run_classifier", f"--task_name={task}", f"--data_dir={data_dir}", *args)
+    assert code == 0, capsys.readouterr().err[-3000:]
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert keys | {"eval_loss", "global_step"} == set(results)
     if not has_test:
@@ -295,10 +302,8 @@ def test_mean_pooling_trains_is_recorded_and_stays_with_the_output_dir(tiny_mode
     assert float(evaluated["eval_loss"]) == pytest.approx(float(trained["eval_loss"]), abs=1e-5)
 
     before = sorted(p.name for p in out.iterdir())
-    wrong = run_classifier(*user_task_args(tiny_model, out, "--do_eval", "--pooling=cls"))
-    assert wrong.returncode != 0
-    assert wrong.stderr.strip().splitlines()[-1] == (
-        f"error: {out}: holds a run trained with --pooling=mean, not cls; use a new --output_dir")
+    wrong = run_script_main("run_classifier", *user_task_args(tiny_model, out, "--do_eval", "--pooling=cls"))
+    assert wrong == f"error: {out}: holds a run trained with --pooling=mean, not cls; use a new --output_dir"
     assert sorted(p.name for p in out.iterdir()) == before
 
     expected = np.loadtxt(out / "test_results.tsv", delimiter="\t")
@@ -369,9 +374,7 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
 
 
 def _script(name, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=600)
+    return run_script(name, *args, env=CPU_ONLY)
 
 
 def test_early_stopping_keeps_best_which_exports_and_predicts_and_a_cased_checkpoint_sets_the_casing(
@@ -421,10 +424,10 @@ def test_early_stopping_keeps_best_which_exports_and_predicts_and_a_cased_checkp
     assert max(int(p.name[len("ckpt-"):-len(".index")]) for p in out.glob("ckpt-*.index")) == 6
 
     other = tmp_path / "other"
-    refused = run_classifier(*args, f"--output_dir={other}", "--do_lower_case=True")
-    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1] == (
+    refused = run_script_main("run_classifier", *args, f"--output_dir={other}", "--do_lower_case=True")
+    assert refused == (
         f"error: do_lower_case=True but {folder}/bert_model.ckpt was trained with do_lower_case=False; pass "
-        "--do_lower_case=False (or --allow_casing_mismatch to go on anyway)"), refused.stderr[-2000:]
+        "--do_lower_case=False (or --allow_casing_mismatch to go on anyway)"), refused
     assert not other.exists()
 
     exported = _script("export_savedmodel.py", f"--model_dir={out / 'best'}", f"--export_dir={tmp_path / 'export'}")

@@ -222,6 +222,7 @@ def test_overwrite_output_dir_refuses_a_folder_a_live_run_holds(tmp_path):
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
 
 
+@pytest.mark.slow
 def test_second_run_on_a_live_output_dir_stops_and_kill_9_is_taken_over(tmp_path):
     """run_pretraining.py holds out; a second run_pretraining.py and a run_classifier.py on out (the holder
     paused with SIGSTOP, so its files stand still) stop in one line naming it and change no file; after

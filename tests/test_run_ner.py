@@ -5,14 +5,13 @@ real-layout run and the bad-input cases call the library's `run` in-process.
 """
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, shared_path
+from conftest import CPU_ONLY, run_script, shared_path
+
+pytestmark = pytest.mark.slow
 
 # Every word has one tag, so the task is learnable word by word; "dogs", "unwanted" and "running"
 # are several word pieces (dog ##s, un ##want ##ed, runn ##ing) and "running lowest" is a two-word entity.
@@ -94,9 +93,7 @@ def settings(tiny_model):
 
 
 def run_ner(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / "run_ner.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    return run_script("run_ner.py", *args, env=CPU_ONLY)
 
 
 def model_args(tiny_model, data_dir, out):

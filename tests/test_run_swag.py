@@ -6,14 +6,13 @@ bad-input cases call the library's `run` in-process (no extra TensorFlow start-u
 
 import csv
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, shared_path
+from conftest import CPU_ONLY, run_script, shared_path
+
+pytestmark = pytest.mark.slow
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label"]
@@ -66,9 +65,7 @@ def settings(tiny_model):
 
 
 def run_swag(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(REPO / "run_swag.py"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    return run_script("run_swag.py", *args, env=CPU_ONLY)
 
 
 def read_results(path):

@@ -1,11 +1,9 @@
 """The official SQuAD v1.1 / v2.0 evaluation (bert_tf.tasks.squad_metrics, evaluate_squad.py)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, shared_path
+from conftest import run_script, shared_path
 
 from bert_tf.tasks import TaskDataError, squad_metrics
 
@@ -154,8 +152,7 @@ def test_reference_scores_exactly(data, preds, version, out):
 
 # ----------------------------------------------------------------- the command
 def _run(*args):
-    return subprocess.run([sys.executable, str(REPO / "evaluate_squad.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    return run_script("evaluate_squad.py", *args, timeout=120)
 
 
 def test_command_v1_and_v2(tmp_path):

@@ -4,7 +4,6 @@ evaluation, the speed and input scalars, the HParams table and (with the profile
 
 import gzip
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,7 +13,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import REPO, TESTDATA, TINY_VOCAB, tiny_pretraining_folder
+from conftest import CPU_ONLY, TESTDATA, TINY_VOCAB, run_script, tiny_pretraining_folder
+
+pytestmark = pytest.mark.slow
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, type_vocab_size=2,
             max_position_embeddings=64)
@@ -24,11 +25,7 @@ SPEED_TAGS = {"speed/seconds_per_step", "speed/input_wait_seconds_per_step", "sp
 
 
 def _script(name, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, env=env,
-                            cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return run_script(name, *args, env=CPU_ONLY, check=True)
 
 
 @pytest.fixture(scope="module")

@@ -252,6 +252,7 @@ MIRRORED_SCRIPT = TOY_SOURCE + textwrap.dedent(
 
 
 @pytest.mark.half_precision
+@pytest.mark.slow
 def test_mirrored_two_cpus_matches_one_device(tmp_path):
     # A subprocess, so the two logical CPUs do not leak into the other tests.
     proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, str(tmp_path)], capture_output=True, text=True,

@@ -2,11 +2,9 @@
 
 import json
 import random
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, shared_path
+from conftest import run_script, shared_path
 
 from bert_tf.data.pretraining_job import make_tokenizer, read_vocab
 from bert_tf.tokenization import vocab_builder
@@ -94,8 +92,7 @@ def test_vocab_works_with_full_tokenizer(tmp_path):
 
 
 def _script(tmp_path, *args):
-    return subprocess.run([sys.executable, str(REPO / "create_vocab.py"), *args], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    return run_script("create_vocab.py", *args, cwd=tmp_path, timeout=120)
 
 
 def test_script_and_errors(tmp_path):
@@ -117,6 +114,7 @@ def test_script_and_errors(tmp_path):
         assert not (tmp_path / "v2.txt").exists()
 
 
+@pytest.mark.slow
 def test_kjv_vocab_coverage():
     kjv = shared_path("corpora", "kjv.txt")
     with open(kjv, encoding="utf-8") as f:

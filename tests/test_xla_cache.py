@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TESTDATA, TINY_CONFIG, tiny_pretraining_folder
+from conftest import CPU_ONLY, TESTDATA, TINY_CONFIG, run_script, tiny_pretraining_folder
 
 from bert_tf.training import xla_cache
 
@@ -43,6 +43,7 @@ print("RESULT", float(f(tf.ones((4, 32)))))
 """
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_compiled_program(tmp_path):
     cache = tmp_path / "cache"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="device_executable_persistor=3")
@@ -105,13 +106,8 @@ LOADED = "Verifying loaded cache entry: __inference_compute_grads"  # TensorFlow
 
 
 def _script(name, cwd, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="device_executable_persistor=1",
-               CUDA_VISIBLE_DEVICES="")
-    env.pop("TF_XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, name), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stderr
+    env = dict(CPU_ONLY, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="device_executable_persistor=1", TF_XLA_FLAGS=None)
+    return run_script(name, *args, cwd=cwd, env=env, check=True).stderr
 
 
 def _programs(folder):
