@@ -61,8 +61,9 @@ def run_once(config: BertConfig, data: dict, steps: int, batch: int, iterations_
     history = trainer.loop_history
     # The first call's tracing and compiling (the loop reports it apart) is the same work either way.
     compile_seconds = history[0]["compile_seconds"]
+    inside = sum(h["seconds"] for h in history)  # the calls' timed steps (all but the first step)
     return dict(steps_per_second=steps / (wall - compile_seconds), calls=len(history),
-                call_steps=[h["steps"] for h in history])
+                call_steps=[h["steps"] for h in history], outside_seconds=wall - compile_seconds - inside)
 
 
 def main():
@@ -89,7 +90,8 @@ def main():
             result = run_once(config, data, args.steps, args.batch, ipl)
             rates[ipl] = result["steps_per_second"]
             print(f"round {round_index + 1} {name:>12}: {result['steps_per_second']:8.2f} steps/s, "
-                  f"{result['calls']} host calls {result['call_steps'][:8]}{' ...' if result['calls'] > 8 else ''}")
+                  f"{result['calls']} host calls {result['call_steps'][:8]}{' ...' if result['calls'] > 8 else ''}, "
+                  f"{result['outside_seconds']:.2f} s outside the calls")
         ratios.append(rates[None] / rates[args.fixed])
         print(f"round {round_index + 1}: automatic / fixed = {ratios[-1]:.3f}")
     print(f"median automatic / fixed over {args.rounds} rounds: {statistics.median(ratios):.3f} "
