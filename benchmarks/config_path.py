@@ -50,7 +50,7 @@ def layer(path, repo, layers):
 
 
 def followed(value):
-    values = value if isinstance(value, tuple) else (value,)
+    values = value if type(value) is tuple else (value,)  # type(): no attribute read on half-made objects
     return any(type(v).__name__ in FOLLOWED and type(v).__module__.startswith("bert_tf") for v in values)
 
 
