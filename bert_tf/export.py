@@ -140,7 +140,33 @@ def _check_export_dir(export_dir: str, overwrite: bool) -> None:
         raise ExportError(problem)
 
 
-def export_serving_model(
+def export_serving_model(model, export_type: str, export_dir: str, vocab_file: str, do_lower_case: bool,
+                         max_seq_length: int, *, overwrite: bool = False, quantize: Optional[str] = None,
+                         export_format: str = "savedmodel", **options) -> str:
+    """Writes a self-contained SavedModel of `model` (an encoder or a task model) to export_dir.
+
+    export_type: "encoder" or a task type (classification, regression, span,
+    multiple_choice, tagging). The export is written to a temporary sibling and
+    renamed into place at the end. Returns export_dir.
+
+    quantize: None (float32, the model as it is) or "int8": the Transformer blocks'
+    dense layers run as dynamic int8 (bert_tf.serving.quantize; x86 TensorFlow with
+    oneDNN, at export and serving), the rest float32. int8_weight_scale: "channel"
+    (one int8 scale per output column) or "tensor" (one per matrix; less accurate).
+    windows: (doc_stride, aggregation) for a classifier or regressor trained with --long_inputs=windows:
+    its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows);
+    (doc_stride, None) for a tagger trained with --doc_stride: each word tagged in its max-context window.
+    export_format: "savedmodel" or "onnx" (model.onnx beside the same assets; quantize "int8" is ONNX Runtime's
+    dynamic int8, int8_weight_scale does not apply; onnx_fusions: ONNX Runtime's fused LayerNorm and GELU ops).
+    """
+    check_format(export_format)
+    quantize = check_quantize(quantize, export_format)
+    _check_export_dir(export_dir, overwrite)
+    return _write_serving_model(model, export_type, export_dir, vocab_file, do_lower_case, max_seq_length,
+                                overwrite=overwrite, quantize=quantize, export_format=export_format, **options)
+
+
+def _write_serving_model(
     model,
     export_type: str,
     export_dir: str,
@@ -159,26 +185,11 @@ def export_serving_model(
     export_format: str = "savedmodel",
     onnx_fusions: bool = True,
 ) -> str:
-    """Writes a self-contained SavedModel of `model` (an encoder or a task model) to export_dir.
-
-    export_type: "encoder" or a task type (classification, regression, span,
-    multiple_choice, tagging). The export is written to a temporary sibling and
-    renamed into place at the end. Returns export_dir.
-
-    quantize: None (float32, the model as it is) or "int8": the Transformer blocks'
-    dense layers run as dynamic int8 (bert_tf.serving.quantize; x86 TensorFlow with
-    oneDNN, at export and serving), the rest float32. int8_weight_scale: "channel"
-    (one int8 scale per output column) or "tensor" (one per matrix; less accurate).
-    windows: (doc_stride, aggregation) for a classifier or regressor trained with --long_inputs=windows:
-    its text signatures window long texts in the graph and aggregate (bert_tf.serving.windows);
-    (doc_stride, None) for a tagger trained with --doc_stride: each word tagged in its max-context window.
-    export_format: "savedmodel" or "onnx" (model.onnx beside the same assets; quantize "int8" is ONNX Runtime's
-    dynamic int8, int8_weight_scale does not apply; onnx_fusions: ONNX Runtime's fused LayerNorm and GELU ops).
-    """
+    """export_serving_model once its format, quantize and export folder are checked (export_model_dir and
+    export_checkpoint check them before reading any weights): the checks that need the model, then the writing."""
     serving_module = SERVING_MODULES.get(export_type)
     if serving_module is None:
         raise ExportError(f"task_type {export_type!r} cannot be exported; expected one of {', '.join(EXPORT_TYPES)}")
-    check_format(export_format)
     onnx = export_format == "onnx"
     if windows is not None and onnx:
         raise ExportError("a model trained on windows (--long_inputs=windows, --doc_stride) windows long texts in "
@@ -190,7 +201,6 @@ def export_serving_model(
             serving_module = windowed(serving_module, *windows)
         except ValueError as e:
             raise ExportError(str(e)) from None
-    quantize = check_quantize(quantize, export_format)
     if quantize and not onnx and int8_weight_scale not in quantization.WEIGHT_SCALES:
         raise ExportError(f"int8_weight_scale {int8_weight_scale!r}; expected one of "
                           f"{', '.join(quantization.WEIGHT_SCALES)}")
@@ -198,7 +208,6 @@ def export_serving_model(
         label_list = [str(label) for label in label_list]
     options = ServingOptions(max_seq_length=int(max_seq_length), label_list=label_list, num_choices=num_choices,
                              max_query_length=max_query_length, max_answer_length=max_answer_length)
-    _check_export_dir(export_dir, overwrite)
     encoder = getattr(model, "encoder", model)
     if max_seq_length > encoder.config.max_position_embeddings:
         raise ExportError(f"max_seq_length {max_seq_length} exceeds max_position_embeddings "
@@ -354,7 +363,7 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
         kwargs.setdefault("windows", (info["doc_stride"], info["window_aggregation"]))
     elif export_type == "tagging" and info.get("doc_stride"):
         kwargs.setdefault("windows", (info["doc_stride"], None))
-    return export_serving_model(
+    return _write_serving_model(
         model, export_type, export_dir, vocab_file, do_lower_case=info["do_lower_case"],
         max_seq_length=max_seq_length or info["max_seq_length"], strip_accents=info.get("strip_accents"),
         label_list=info.get("label_list") if task in ("classification", "tagging") else None,
@@ -394,6 +403,6 @@ def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], voc
         load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
     except (CheckpointError, ConfigError, FinetuneError, VocabError) as e:
         raise ExportError(str(e).splitlines()[0]) from None
-    return export_serving_model(encoder, "encoder", export_dir, pretrained.vocab_file, do_lower_case=do_lower_case,
+    return _write_serving_model(encoder, "encoder", export_dir, pretrained.vocab_file, do_lower_case=do_lower_case,
                                 max_seq_length=max_seq_length, overwrite=overwrite, quantize=quantize,
                                 export_format=export_format, onnx_fusions=onnx_fusions)
