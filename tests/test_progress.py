@@ -165,6 +165,7 @@ def test_a_running_beam_job_logs_its_counters_until_it_ends_and_its_error_is_rai
 
     import pytest
 
+    pytest.importorskip("apache_beam")  # the [beam] extra (not in the fast subset's install)
     from bert_tf.beam import common
 
     class Job:
