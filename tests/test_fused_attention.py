@@ -82,6 +82,7 @@ def test_cudnn_without_dropout_and_in_float16_uses_the_plain_softmax_call():
     assert calls[0][3]["cudnn_fmha_backend_config"]["intermediate_tensor_shape"]["element_type"] == "F16"
 
 
+@pytest.mark.half_precision  # runs bfloat16 matmuls (conftest: they crash under an AVX2 cap on AMX CPUs)
 def test_default_attention_has_no_custom_call_and_cudnn_inference_is_the_default_function():
     assert custom_calls(attention_hlo("xla")) == []
     x = tf.random.normal((B, S, H))
