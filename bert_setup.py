@@ -7,8 +7,9 @@ settings -> the gate -> set-up -> strategy -> run -> one report.
      (a gs:// path needs TensorFlow's file system);
   2. strategy_and_settings(): --overwrite_output_dir done, the tf.distribute strategy built (make_strategy),
      and what only it decides (XLA by default on a GPU or TPU, the whole step on one device:
-     train_settings_for); fine-tuning keeps the strategy in its RunSettings (finetune_settings),
-     pretraining hands it to run_pretraining;
+     train_settings_for), once what needs TensorFlow to read is resolved: fine-tuning's pretrained model
+     (finetune_settings, which keeps the strategy in its RunSettings), pretraining's --init_checkpoint and
+     input globs (pretraining_settings, whose strategy run_pretraining takes);
   3. run_and_report(): the run, and its end: one-line errors (fail_with), SIGTERM's exit 143,
      --export_dir, the results printed (report).
 
@@ -192,6 +193,38 @@ def finetune_settings(train):
     return RunSettings(pretrained=pretrained, strategy=strategy, train=train, dynamic_padding=dynamic,
                        length_buckets=length_buckets(train.jit_compile, dynamic),
                        aux_lm_weight=FLAGS.aux_lm_weight, pack_sequences=FLAGS.pack_sequences, **packing)
+
+
+def pretraining_settings(config, bert_config_file=None):
+    """(config, strategy) of a pretraining run whose PretrainingConfig passed the gate (run_pretraining.py's
+    `pretraining_config`), completed with what needs TensorFlow to read: --init_checkpoint's config, vocab and
+    casing (a checkpoint's format is read with TensorFlow's reader) and the model's fit checked then, the input
+    globs expanded (gs:// globs); then --overwrite_output_dir, the strategy, and what it decides
+    (strategy_and_settings). A problem is one line before --overwrite_output_dir clears anything."""
+    from bert_tf.configs import ConfigError, asks_gradient_checkpointing
+    from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.runners.pretraining import resolve_init_checkpoint
+    from bert_tf.runners.pretraining_config import PretrainingError
+
+    try:
+        changes = {}
+        config_asks_checkpointing = bool(bert_config_file) and asks_gradient_checkpointing(bert_config_file)
+        if config.init_checkpoint:
+            bert_config, vocab_file, do_lower_case, init_checkpoint, config_asks_checkpointing = \
+                resolve_init_checkpoint(config.init_checkpoint, bert_config_file, config.vocab_file,
+                                        config.do_lower_case)
+            changes = dict(bert_config=bert_config, vocab_file=vocab_file, do_lower_case=do_lower_case,
+                           init_checkpoint=init_checkpoint)
+        config = dataclasses.replace(
+            config, input_files=expand_input_files(",".join(config.input_files)),
+            eval_input_files=expand_input_files(",".join(config.eval_input_files)) if config.eval_input_files
+            else None, **changes)
+        if changes:
+            config.validate()  # the checkpoint's config against the flags (the gate could not read it)
+    except (ConfigError, InputDataError, PretrainingError) as e:
+        fail(str(e))
+    strategy, train = strategy_and_settings(config.train, config_asks_checkpointing)
+    return dataclasses.replace(config, train=train), strategy
 
 
 def length_buckets(jit_compile: bool, dynamic_padding: bool) -> int:

@@ -28,8 +28,6 @@ checkpoint already in --output_dir is resumed instead (the log says so).
     --output_dir=/tmp/continued --do_train=True --do_eval=True --objective=mlm ...
 """
 
-import dataclasses
-
 from absl import app, flags
 
 import bert_flags
@@ -89,8 +87,8 @@ def pretraining_config():
 
     With --init_checkpoint the model's config, vocab and casing come from the checkpoint's folder, which is
     read after set-up (a checkpoint's format is read with TensorFlow's checkpoint reader): the gate checks
-    the values, main() the model's fit once resolved. The input globs are expanded after set-up too (gs://
-    globs need TensorFlow's file system)."""
+    the values, bert_setup.pretraining_settings the model's fit once resolved. The input globs are expanded
+    after set-up too (gs:// globs need TensorFlow's file system)."""
     from bert_tf.configs import BertConfig, ConfigError
     from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
 
@@ -113,7 +111,7 @@ def pretraining_config():
         bert_config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
         config = PretrainingConfig(
             bert_config=bert_config, input_files=(FLAGS.input_file,),
-            output_dir=FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
+            eval_input_files=(FLAGS.eval_input_file,) if FLAGS.eval_input_file else None, output_dir=FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
             max_predictions_per_seq=FLAGS.max_predictions_per_seq, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
             init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
             eval_batch_size=FLAGS.eval_batch_size, num_train_steps=FLAGS.num_train_steps,
@@ -131,43 +129,11 @@ def pretraining_config():
     return config
 
 
-def resolved_config(config):
-    """The gate's config completed after set-up with what needs TensorFlow to read: --init_checkpoint's config,
-    vocab and casing (a checkpoint's format is read with TensorFlow's reader) and the model's fit checked then,
-    the input globs expanded (gs:// globs). Returns (config, whether the model's config asks for gradient
-    checkpointing); a one-line exit on a problem, before --overwrite_output_dir clears anything."""
-    from bert_tf.configs import ConfigError, asks_gradient_checkpointing
-    from bert_tf.data.pipelines import InputDataError, expand_input_files
-    from bert_tf.runners.pretraining import resolve_init_checkpoint
-    from bert_tf.runners.pretraining_config import PretrainingError
-
-    try:
-        changes = {}
-        config_asks_checkpointing = bool(FLAGS.bert_config_file) and asks_gradient_checkpointing(
-            FLAGS.bert_config_file)
-        if FLAGS.init_checkpoint:
-            bert_config, vocab_file, do_lower_case, init_checkpoint, config_asks_checkpointing = \
-                resolve_init_checkpoint(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file,
-                                        FLAGS.do_lower_case)
-            changes = dict(bert_config=bert_config, vocab_file=vocab_file, do_lower_case=do_lower_case,
-                           init_checkpoint=init_checkpoint)
-        config = dataclasses.replace(
-            config, input_files=expand_input_files(FLAGS.input_file),
-            eval_input_files=expand_input_files(FLAGS.eval_input_file) if FLAGS.eval_input_file else None, **changes)
-        if changes:
-            config.validate()  # the checkpoint's config against the flags (the gate could not read it)
-    except (ConfigError, InputDataError, PretrainingError) as e:
-        fail(str(e))
-    return config, config_asks_checkpointing
-
-
 def main(_):
     config = pretraining_config()  # the gate: no TensorFlow yet
 
     bert_setup.setup_process()
-    config, config_asks_checkpointing = resolved_config(config)
-    strategy, train = bert_setup.strategy_and_settings(config.train, config_asks_checkpointing)
-    config = dataclasses.replace(config, train=train)
+    config, strategy = bert_setup.pretraining_settings(config, FLAGS.bert_config_file)
     from bert_tf.runners.pretraining import run_pretraining
 
     def run():

@@ -45,7 +45,6 @@ def make_data(examples: int, seq_length: int, vocab_size: int) -> dict:
 def run_once(config: BertConfig, data: dict, steps: int, batch: int, iterations_per_loop) -> dict:
     """One fresh Trainer run of `steps` steps: steps/s after the first call, the number of host calls."""
     settings = TrainSettings(iterations_per_loop=iterations_per_loop, save_checkpoints_steps=10 ** 9, seed=1)
-    settings.set_seed()
     trainer = Trainer(strategy_lib.get_strategy("one_device"), settings,
                       lambda: BertClassifier(build_encoder(config), 2), classification_loss,
                       lambda variables: optimizer_lib.create_optimizer("adamw", variables, 1e-4, steps, 0),

@@ -99,7 +99,6 @@ def test_training_batches_take_only_the_chosen_shapes_and_keep_every_token():
 def _trainer(tmp_path, name):
     settings = TrainSettings(learning_rate=1e-3, jit_compile=True, iterations_per_loop=3,
                              save_checkpoints_steps=10**6, seed=7)
-    settings.set_seed()
     return Trainer(get_strategy("one_device"), settings, lambda: BertClassifier(BertEncoder(NO_DROPOUT), 2),
                    classification_loss, optimizer_lib.optimizer_fn(settings, 100, 2), model_dir=str(tmp_path / name),
                    train_steps=9, global_batch_size=BATCH, checkpoint_input_pipeline=False)

@@ -157,7 +157,6 @@ def make_trainer(settings: RunSettings, output_dir: str, model_fn: Callable, los
 
     With `settings.aux_lm_weight` > 0 the model gets an LM head and the loss the auxiliary LM term.
     """
-    settings.train.set_seed()  # head initialisation and dropout
     if settings.aux_lm_weight < 0:
         raise ValueError(f"aux_lm_weight must be >= 0, got {settings.aux_lm_weight}")
     if settings.aux_lm_weight > 0:

@@ -176,7 +176,6 @@ def build_trainer(config: PretrainingConfig, strategy: tf.distribute.Strategy) -
     steps, the batch against the replicas) in one line."""
     settings = config.train
     init_fn = _init_fn(config)
-    settings.set_seed()
 
     def model_fn():
         if config.objective == "ltr":

@@ -105,6 +105,8 @@ class Trainer:
         checkpoint_input_pipeline: bool = True,
     ):
         settings.validate(strategy.num_replicas_in_sync, train_steps=train_steps, global_batch_size=global_batch_size)
+        if settings.seed is not None:  # Python, numpy and Keras (the model's initialisation, dropout)
+            keras.utils.set_random_seed(settings.seed)
         self.strategy = strategy
         self.settings = settings
         self.model_dir = model_dir

@@ -27,7 +27,7 @@ class TrainSettings:
     its own model_dir, number of steps, global batch size and warmup.
     jit_compile: XLA-compile the step. Build models that skip padding with skip_padding=False
       for it (bert_tf/models/encoder.py: the real-token count changes from batch to batch).
-    seed: keras.utils.set_random_seed before the model is built (None: left as it is).
+    seed: the Trainer calls keras.utils.set_random_seed(seed) before it builds the model (None: left as it is).
     """
 
     learning_rate: float = 5e-5
@@ -108,10 +108,3 @@ class TrainSettings:
     @property
     def num_micro_batches(self) -> int:
         return self.gradient_accumulation_steps
-
-    def set_seed(self) -> None:
-        """Seeds Python, numpy and Keras (initialisation, dropout) when `seed` is set."""
-        if self.seed is not None:
-            import keras  # (here: settings are checked without TensorFlow)
-
-            keras.utils.set_random_seed(self.seed)
