@@ -235,6 +235,18 @@ def tiny_model(request, tmp_path_factory):
     return folder
 
 
+def tiny_run_settings(folder: pathlib.Path, **train):
+    """The RunSettings of an in-process fine-tuning run from `folder` (tiny_model's vocab.txt and
+    bert_config.json) on one device: the scripts' finetune_settings without flags; `train`: TrainSettings."""
+    from bert_tf.pretrained import resolve_pretrained
+    from bert_tf.runners.common import RunSettings
+    from bert_tf.training.settings import TrainSettings
+    from bert_tf.training.strategy import get_strategy
+
+    pretrained = resolve_pretrained(None, str(folder / "bert_config.json"), str(folder / "vocab.txt"))
+    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"), train=TrainSettings(**train))
+
+
 def tiny_pretraining_folder(folder: pathlib.Path, **config) -> pathlib.Path:
     """folder with vocab.txt (300 wordpieces learned from the sample corpus' first 400 lines), corpus.txt
     (those lines), train.tfrecord (seq 32, 5 predictions, one copy) and bert_config.json (`config`

@@ -1,6 +1,8 @@
 """What the long-input tests share (tests/test_long_inputs_*.py): the tiny task's sizes and words, and a
 classifier run through run_classifier's library."""
 
+from conftest import tiny_run_settings
+
 from bert_tf.tasks import glue
 
 TINY_CONFIG_OVERRIDES = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # conftest's tiny_model, no dropout
@@ -9,15 +11,8 @@ FILLER = ["the", "a", "dog", "sat", "on", "mat", "how", "are", "you", "hello", "
 
 
 def _settings(tiny_model, learning_rate=1e-3):
-    from bert_tf.pretrained import resolve_pretrained
-    from bert_tf.runners.common import RunSettings
-    from bert_tf.training.settings import TrainSettings
-    from bert_tf.training.strategy import get_strategy
-
-    pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))
-    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
-                       train=TrainSettings(learning_rate=learning_rate, iterations_per_loop=50,
-                                           save_checkpoints_steps=1000))
+    return tiny_run_settings(tiny_model, learning_rate=learning_rate, iterations_per_loop=50,
+                             save_checkpoints_steps=1000)
 
 
 def _write_split(path, rows, with_label=True):

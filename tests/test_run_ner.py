@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import CPU_ONLY, run_script, shared_path
+from conftest import CPU_ONLY, run_script, shared_path, tiny_run_settings
 
 pytestmark = pytest.mark.slow
 
@@ -82,14 +82,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def settings(tiny_model):
     """RunSettings for in-process runs (the script's finetune_settings without flags)."""
-    from bert_tf.pretrained import resolve_pretrained
-    from bert_tf.runners.common import RunSettings
-    from bert_tf.training.settings import TrainSettings
-    from bert_tf.training.strategy import get_strategy
-
-    pretrained = resolve_pretrained(None, str(tiny_model / "bert_config.json"), str(tiny_model / "vocab.txt"))
-    return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"),
-                       train=TrainSettings(learning_rate=1e-3, iterations_per_loop=2))
+    return tiny_run_settings(tiny_model, learning_rate=1e-3, iterations_per_loop=2)
 
 
 def run_ner(*args):
