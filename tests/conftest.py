@@ -247,24 +247,28 @@ def tiny_run_settings(folder: pathlib.Path, **train):
     return RunSettings(pretrained=pretrained, strategy=get_strategy("one_device"), train=TrainSettings(**train))
 
 
-def tiny_pretraining_folder(folder: pathlib.Path, **config) -> pathlib.Path:
-    """folder with vocab.txt (300 wordpieces learned from the sample corpus' first 400 lines), corpus.txt
-    (those lines), train.tfrecord (seq 32, 5 predictions, one copy) and bert_config.json (`config`
-    with that vocab's size): what a tiny run_pretraining.py needs."""
+def tiny_pretraining_folder(folder: pathlib.Path, *, lines: Optional[int] = 400, vocab_size: int = 300,
+                            records: Optional[dict] = None, dupe_factor: int = 1, **config) -> pathlib.Path:
+    """folder with vocab.txt (`vocab_size` wordpieces learned from the sample corpus' first `lines` lines,
+    None: all), corpus.txt (those lines), the pretraining records ({file name: (max_seq_length,
+    max_predictions_per_seq)}, default train.tfrecord at seq 32 with 5 predictions; `dupe_factor` copies) and
+    bert_config.json (`config` with that vocab's size): what a tiny run_pretraining.py needs."""
     from bert_tf.configs import BertConfig
     from bert_tf.data import pretraining_job
     from bert_tf.resources import SAMPLE_CORPUS
     from bert_tf.tokenization import vocab_builder
 
     with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:400]
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=300, num_unused=0)
+        text = f.read().splitlines()[:lines]
+    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(text), vocab_size=vocab_size,
+                                                num_unused=0)
     vocab_builder.write_vocab(str(folder / "vocab.txt"), vocab)
-    (folder / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-        input_file=str(folder / "corpus.txt"), output_file=str(folder / "train.tfrecord"),
-        vocab_file=str(folder / "vocab.txt"), max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1,
-        num_workers=1))
+    (folder / "corpus.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+    for name, (seq, preds) in (records or {"train.tfrecord": (32, 5)}).items():
+        pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
+            input_file=str(folder / "corpus.txt"), output_file=str(folder / name),
+            vocab_file=str(folder / "vocab.txt"), max_seq_length=seq, max_predictions_per_seq=preds,
+            dupe_factor=dupe_factor, num_workers=1))
     BertConfig(**dict(config, vocab_size=len(vocab))).to_json_file(str(folder / "bert_config.json"))
     return folder
 

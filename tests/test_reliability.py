@@ -28,7 +28,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO
+from conftest import REPO, tiny_pretraining_folder
 from test_training_loop import TOY_SOURCE
 
 from bert_tf.configs import BertConfig
@@ -36,7 +36,6 @@ from bert_tf.data import pipelines, pretraining_job, schema
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import run_pretraining
 from bert_tf.runners.pretraining_config import PretrainingConfig
-from bert_tf.tokenization import vocab_builder
 from bert_tf.training import errors
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
@@ -121,16 +120,8 @@ def _digest(model_dir, step):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Vocab, bert_config.json and pretraining TFRecords (seq 32, 5 predictions) from the KJV sample."""
-    root = tmp_path_factory.mktemp("reliability_data")
-    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=300, num_unused=0)
-    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
-    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-        input_file=SAMPLE_CORPUS, output_file=str(root / "train.tfrecord"), vocab_file=str(root / "vocab.txt"),
-        max_seq_length=SEQ, max_predictions_per_seq=PREDS, dupe_factor=1, num_workers=1))
-    BertConfig(vocab_size=len(vocab), **TINY).to_json_file(str(root / "bert_config.json"))
-    return root
+    return tiny_pretraining_folder(tmp_path_factory.mktemp("reliability_data"), lines=None,
+                                   records={"train.tfrecord": (SEQ, PREDS)}, **TINY)
 
 
 @contextlib.contextmanager

@@ -17,14 +17,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, TESTDATA, TINY_VOCAB, run_script_main
+from conftest import REPO, TESTDATA, TINY_VOCAB, run_script_main, tiny_pretraining_folder
 from test_training_loop import TOY_SOURCE
 
 from bert_tf import model_dir
 from bert_tf.configs import BertConfig
-from bert_tf.data import pretraining_job
-from bert_tf.resources import SAMPLE_CORPUS
-from bert_tf.tokenization import vocab_builder
 from bert_tf.training import errors
 
 pytestmark = pytest.mark.slow
@@ -227,18 +224,10 @@ SEQ1, PREDS1, SEQ2, PREDS2 = 32, 5, 64, 10
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A user's folder: vocab.txt, bert_config.json and records at two sequence lengths."""
-    root = tmp_path_factory.mktemp("user")
-    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=400, num_unused=0)
-    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
-    for seq, preds in ((SEQ1, PREDS1), (SEQ2, PREDS2)):
-        pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-            input_file=SAMPLE_CORPUS, output_file=str(root / f"train{seq}.tfrecord"), vocab_file=str(root / "vocab.txt"),
-            max_seq_length=seq, max_predictions_per_seq=preds, dupe_factor=1, num_workers=1))
-    BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-               intermediate_size=32, max_position_embeddings=64).to_json_file(str(root / "bert_config.json"))
-    return root
+    return tiny_pretraining_folder(
+        tmp_path_factory.mktemp("user"), lines=None, vocab_size=400,
+        records={f"train{seq}.tfrecord": (seq, preds) for seq, preds in ((SEQ1, PREDS1), (SEQ2, PREDS2))},
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, max_position_embeddings=64)
 
 
 def _pretrain_flags(*flags, prefix=""):

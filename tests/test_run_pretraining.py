@@ -11,14 +11,13 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import out_of_memory_command, run_command, run_script_main
+from conftest import out_of_memory_command, run_command, run_script_main, tiny_pretraining_folder
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import build_trainer, run_pretraining
 from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
-from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
 
@@ -32,17 +31,8 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermed
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pretraining_data")
-    with open(SAMPLE_CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    vocab = vocab_builder.learn_wordpiece_vocab(vocab_builder.count_words(lines), vocab_size=500, num_unused=0)
-    vocab_builder.write_vocab(str(root / "vocab.txt"), vocab)
-    pretraining_job.create_pretraining_data(pretraining_job.PretrainingDataConfig(
-        input_file=SAMPLE_CORPUS, output_file=str(root / "train.tfrecord"), vocab_file=str(root / "vocab.txt"),
-        max_seq_length=SEQ, max_predictions_per_seq=PREDS, dupe_factor=2, num_workers=1))
-    config = BertConfig(vocab_size=len(vocab), **TINY)
-    config.to_json_file(str(root / "bert_config.json"))
-    return root
+    return tiny_pretraining_folder(tmp_path_factory.mktemp("pretraining_data"), lines=None, vocab_size=500,
+                                   records={"train.tfrecord": (SEQ, PREDS)}, dupe_factor=2, **TINY)
 
 
 def _events(model_dir, kind="train"):
