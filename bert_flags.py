@@ -311,7 +311,8 @@ def check_finetune_flags():
     if FLAGS.max_sequences_per_row is not None and FLAGS.max_sequences_per_row < 1:
         fail(f"max_sequences_per_row must be >= 1, got {FLAGS.max_sequences_per_row}")
     if FLAGS.bert_config_file and not fileio.is_remote(FLAGS.bert_config_file):
-        from bert_tf.configs import BertConfig, ConfigError
+        from bert_tf.configs import BertConfig
+        from bert_tf.errors import ConfigError
 
         try:
             BertConfig.from_json_file(FLAGS.bert_config_file)

@@ -21,6 +21,15 @@ import logging
 
 import bert_flags
 from bert_flags import FLAGS, fail, strategy_name
+from bert_tf.errors import (
+    ONE_LINE_ERRORS,
+    ConfigError,
+    ExportError,
+    InputDataError,
+    OutOfDeviceMemory,
+    RemotePathError,
+    TrainingPreempted,
+)
 
 
 def use_xla_cache():
@@ -86,7 +95,7 @@ def remote_path_problem():
     for name, path in remote_path_flags():
         try:
             fileio.check_remote(path)
-        except fileio.RemotePathError as e:
+        except RemotePathError as e:
             return f"--{name}={e}"
     return None
 
@@ -105,7 +114,7 @@ def make_strategy():
     process-wide setting: glibc's malloc keeps freed memory (bert_tf/training/memory.py; no page
     faults per step). The library itself never changes it."""
     from bert_tf.training.memory import retain_freed_memory
-    from bert_tf.training.strategy import StrategyError, get_strategy
+    from bert_tf.training.strategy import get_strategy
 
     retain_freed_memory()
 
@@ -113,7 +122,7 @@ def make_strategy():
     try:
         return get_strategy(strategy_name(), tpu=FLAGS.tpu_name or FLAGS.master, tpu_zone=FLAGS.tpu_zone,
                             gcp_project=FLAGS.gcp_project)
-    except StrategyError as e:
+    except ConfigError as e:
         fail(str(e))
 
 
@@ -175,16 +184,14 @@ def finetune_settings(train):
     """The RunSettings of a fine-tuning run whose flags passed bert_flags.check_finetune_flags (`train`: its
     TrainSettings): the pretrained model resolved (after set-up: a checkpoint's format is read with
     TensorFlow's checkpoint reader), --overwrite_output_dir done, the strategy built."""
-    from bert_tf.configs import ConfigError
-    from bert_tf.pretrained import FinetuneError, resolve_lower_case, resolve_pretrained
+    from bert_tf.pretrained import resolve_lower_case, resolve_pretrained
     from bert_tf.runners.settings import RunSettings
-    from bert_tf.tokenization import VocabError
 
     try:  # a checkpoint, config and vocab that do not go together fail before --overwrite_output_dir clears
         pretrained = resolve_pretrained(FLAGS.init_checkpoint, FLAGS.bert_config_file, FLAGS.vocab_file)
         # the casing in effect (None: the checkpoint's), which finetune_config_kwargs passes on
         FLAGS.do_lower_case = resolve_lower_case(pretrained, FLAGS.do_lower_case, FLAGS.allow_casing_mismatch)
-    except (FinetuneError, ConfigError, VocabError, ValueError) as e:
+    except ONE_LINE_ERRORS as e:
         fail(str(e))
     strategy, train = strategy_and_settings(train, pretrained.gradient_checkpointing)
     dynamic = FLAGS.dynamic_padding if FLAGS.dynamic_padding is not None else (
@@ -201,10 +208,9 @@ def pretraining_settings(config, bert_config_file=None):
     casing (a checkpoint's format is read with TensorFlow's reader) and the model's fit checked then, the input
     globs expanded (gs:// globs); then --overwrite_output_dir, the strategy, and what it decides
     (strategy_and_settings). A problem is one line before --overwrite_output_dir clears anything."""
-    from bert_tf.configs import ConfigError, asks_gradient_checkpointing
-    from bert_tf.data.pipelines import InputDataError, expand_input_files
+    from bert_tf.configs import asks_gradient_checkpointing
+    from bert_tf.data.pipelines import expand_input_files
     from bert_tf.runners.pretraining import resolve_init_checkpoint
-    from bert_tf.runners.pretraining_config import PretrainingError
 
     try:
         changes = {}
@@ -221,7 +227,7 @@ def pretraining_settings(config, bert_config_file=None):
             else None, **changes)
         if changes:
             config.validate()  # the checkpoint's config against the flags (the gate could not read it)
-    except (ConfigError, InputDataError, PretrainingError) as e:
+    except (ConfigError, InputDataError) as e:
         fail(str(e))
     strategy, train = strategy_and_settings(config.train, config_asks_checkpointing)
     return dataclasses.replace(config, train=train), strategy
@@ -253,7 +259,6 @@ def fail_with(error: Exception):
     """fail(str(error)); after an out-of-device-memory error the process ends at once (os._exit, output
     flushed): TensorFlow's own teardown can crash then (seen on CPU: a double free while collecting garbage
     after a failed allocation inside the XLA-compiled whole step)."""
-    from bert_tf.training.device_memory import OutOfDeviceMemory
 
     bert_flags.exit_hard_from_now(isinstance(error, OutOfDeviceMemory))
     fail(str(error))
@@ -264,7 +269,7 @@ def export_if_asked(strategy):
     a run (the chief only)."""
     if "export_dir" not in FLAGS or not FLAGS.export_dir:
         return
-    from bert_tf.export import ExportError, export_model_dir
+    from bert_tf.export import export_model_dir
     from bert_tf.training.strategy import is_chief
 
     if not is_chief(strategy):
@@ -288,14 +293,13 @@ def report(results, note: str = "", keep_order: bool = False) -> None:
 
 
 def run_and_report(run, strategy, note: str = "", keep_order: bool = False) -> None:
-    """The end of every training script: `run()` -> {split: {metric: value}}, its errors in one line (the
-    ValueError family: bad input, config or data, a held output_dir; TrainingError: a NaN loss, a lost
-    worker, a checkpoint not written), SIGTERM's exit 143, --export_dir, then the results (report)."""
-    from bert_tf.training.errors import TrainingError, TrainingPreempted
+    """The end of every training script: `run()` -> {split: {metric: value}}, its errors in one line
+    (bert_tf/errors.py's ONE_LINE_ERRORS: a BertError, an argument check's ValueError, a TrainingError),
+    SIGTERM's exit 143 (TrainingPreempted), --export_dir, then the results (report)."""
 
     try:
         results = run()
-    except (TrainingError, ValueError) as e:
+    except ONE_LINE_ERRORS as e:
         fail_with(e)
     except TrainingPreempted as e:
         exit_preempted(e)

@@ -47,7 +47,8 @@ flags.mark_flags_as_required(["input_checkpoint", "output_checkpoint"])
 def main(argv):
     del argv
     from bert_tf import checkpoints
-    from bert_tf.configs import BertConfig, ConfigError
+    from bert_tf.configs import BertConfig
+    from bert_tf.errors import CheckpointError, ConfigError
 
     try:
         config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
@@ -59,7 +60,7 @@ def main(argv):
             input_format=None if FLAGS.input_format == "auto" else FLAGS.input_format,
             vocab_file=FLAGS.vocab_file,
         )
-    except (checkpoints.CheckpointError, ConfigError, FileNotFoundError) as e:
+    except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"wrote {FLAGS.output_format} checkpoint {out}")

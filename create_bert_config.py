@@ -13,7 +13,8 @@ import sys
 
 from absl import app, flags
 
-from bert_tf.configs import RELEASED_SIZES, BertConfig, ConfigError
+from bert_tf.configs import RELEASED_SIZES, BertConfig
+from bert_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
 
@@ -27,7 +28,8 @@ flags.DEFINE_bool("overwrite", False, "Replace an existing --output.")
 def main(argv):
     del argv
     from bert_tf import fileio
-    from bert_tf.tokenization import VocabError, load_vocab
+    from bert_tf.errors import InputDataError
+    from bert_tf.tokenization import load_vocab
 
     try:
         if fileio.exists(FLAGS.output) and not FLAGS.overwrite:
@@ -37,7 +39,7 @@ def main(argv):
             overrides["max_position_embeddings"] = FLAGS.max_position_embeddings
         config = BertConfig.named(FLAGS.size, vocab_size=len(load_vocab(FLAGS.vocab_file)), **overrides)
         config.to_json_file(FLAGS.output)
-    except (ConfigError, VocabError, OSError) as e:
+    except (ConfigError, InputDataError, OSError) as e:
         print(f"create_bert_config.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"wrote {FLAGS.output}: {FLAGS.size}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "

@@ -25,7 +25,8 @@ from absl import app, flags
 
 import bert_flags
 import bert_setup
-from bert_tf.data import pretraining_job, text_input
+from bert_tf.data import pretraining_job
+from bert_tf.errors import InputDataError
 
 FLAGS = flags.FLAGS
 
@@ -89,15 +90,12 @@ def main(argv):
         shuffle_buffer_size=FLAGS.shuffle_buffer_size, masking=FLAGS.masking)
     try:
         if FLAGS.runner:
-            from bert_tf.beam import common, pretraining
+            from bert_tf.beam import pretraining
 
-            try:
-                pretraining.run(config, beam_args, FLAGS.runner)
-            except common.BeamJobError as e:
-                raise pretraining_job.PretrainingDataError(str(e)) from None
+            pretraining.run(config, beam_args, FLAGS.runner)
         else:
             pretraining_job.create_pretraining_data(config)
-    except (pretraining_job.PretrainingDataError, text_input.InputError, OSError) as e:
+    except (InputDataError, OSError) as e:
         sys.exit(f"create_pretraining_data.py: error: {e}")
 
 

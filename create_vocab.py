@@ -58,28 +58,23 @@ def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("create_vocab")
     beam_args = bert_flags.beam_args(argv, "create_vocab.py")
-    from bert_tf.tokenization import VocabError
-
     settings = vocab_builder.VocabSettings(FLAGS.vocab_file, FLAGS.vocab_size, FLAGS.num_unused, FLAGS.min_frequency,
                                            FLAGS.extend_vocab, FLAGS.max_new_tokens)
     try:
         settings.check()
         files = text_input.expand_input_patterns(FLAGS.input_file)
         if FLAGS.runner:
-            from bert_tf.beam import common, vocab
+            from bert_tf.beam import vocab
 
-            try:
-                vocab.run(files, FLAGS.input_format, FLAGS.do_lower_case, FLAGS.strip_accents,
-                          FLAGS.line_prefix_regex, settings, beam_args, FLAGS.runner, FLAGS.num_workers)
-            except common.BeamJobError as e:
-                raise ValueError(str(e)) from None
+            vocab.run(files, FLAGS.input_format, FLAGS.do_lower_case, FLAGS.strip_accents,
+                      FLAGS.line_prefix_regex, settings, beam_args, FLAGS.runner, FLAGS.num_workers)
         else:
             chunks = vocab_builder.count_chunks(
                 (line for doc in text_input.read_documents(files, FLAGS.input_format) for line in doc.lines),
                 FLAGS.line_prefix_regex)
             words = vocab_builder.chunk_words(chunks, FLAGS.do_lower_case, FLAGS.strip_accents)
             vocab_builder.make_vocab(words, settings, log, ', '.join(files))
-    except (ValueError, OSError, VocabError) as e:
+    except (ValueError, OSError) as e:  # every BertError (bert_tf/errors.py) is a ValueError
         sys.exit(f"create_vocab.py: error: {e}")
 
 

@@ -14,7 +14,8 @@ import argparse
 import json
 import sys
 
-from bert_tf.tasks import TaskDataError, squad_metrics
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import squad_metrics
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
         result = squad_metrics.evaluate_files(
             args.data_file, args.pred_file, args.version, args.na_prob_file, args.na_prob_thresh
         )
-    except TaskDataError as e:
+    except InputDataError as e:
         print(f"evaluate_squad.py: error: {e}", file=sys.stderr)
         return 1
     if args.version == "1.1":

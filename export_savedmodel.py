@@ -76,9 +76,7 @@ def main(argv):
     if FLAGS.init_checkpoint and FLAGS.task_type not in (None, "encoder", "preprocessor"):
         fail("--init_checkpoint exports an encoder or a preprocessor; use --model_dir for task models")
     from bert_tf import export
-    from bert_tf.checkpoints import CheckpointError
-    from bert_tf.configs import ConfigError
-    from bert_tf.tokenization import VocabError
+    from bert_tf.errors import BertError
 
     try:
         if FLAGS.model_dir:
@@ -93,7 +91,7 @@ def main(argv):
                 FLAGS.export_dir, FLAGS.max_seq_length or DEFAULT_ENCODER_SEQ_LENGTH, overwrite=FLAGS.overwrite,
                 quantize=FLAGS.quantize, export_type=FLAGS.task_type or "encoder",
                 export_format=FLAGS.export_format, onnx_fusions=FLAGS.onnx_fusions)
-    except (export.ExportError, CheckpointError, ConfigError, VocabError) as e:
+    except BertError as e:  # (an export, a checkpoint, a config or a vocab that cannot be used)
         fail(str(e))
     kind = "ONNX export" if FLAGS.export_format == "onnx" else "SavedModel"
     print(f"wrote {kind} {out}" + (" (int8)" if FLAGS.quantize == "int8" else ""))

@@ -62,12 +62,8 @@ def main(argv):
         )
         sys.exit(1)
     # (parse_layer_combination's module, bert_tf.models, imports TensorFlow: these checks come after it)
-    from bert_tf import checkpoints
-    from bert_tf.configs import ConfigError
     from bert_tf.feature_extraction import ExtractorSettings, read_examples, write_features
     from bert_tf.models.layer_combination import parse_layer_combination
-    from bert_tf.pretrained import FinetuneError
-    from bert_tf.tokenization import VocabError
 
     try:
         combination = parse_layer_combination(FLAGS.layer_combination) if FLAGS.layer_combination else None
@@ -82,18 +78,15 @@ def main(argv):
                                  None if mix_weights is None else tuple(mix_weights))
     try:
         if FLAGS.runner:
-            from bert_tf.beam import common, inference
+            from bert_tf.beam import inference
 
-            try:
-                summary = inference.run_features(settings, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
-                                                 FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
-            except common.BeamJobError as e:
-                raise ValueError(str(e)) from None
+            summary = inference.run_features(settings, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
+                                             FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
             print(f"wrote {summary['rows']} lines to {len(summary['output_files'])} file(s) {FLAGS.output_file}-*")
             return
         extractor = settings.build()
         count = write_features(extractor, read_examples(FLAGS.input_file), FLAGS.output_file, FLAGS.batch_size)
-    except (checkpoints.CheckpointError, ConfigError, FinetuneError, VocabError, OSError, ValueError) as e:
+    except (ValueError, OSError) as e:  # every BertError (bert_tf/errors.py) is a ValueError
         print(f"extract_features.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"wrote {count} lines to {FLAGS.output_file}")

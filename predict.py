@@ -28,8 +28,9 @@ from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import bert_flags  # noqa: E402  (imports bert_tf first, before TensorFlow: quiet start-up, bert_tf/console.py)
+from bert_tf.errors import ExportError, InputDataError  # noqa: E402
 from bert_tf.progress import Progress  # noqa: E402
-from bert_tf.serving.predictor import PredictError, iter_rows, json_line, load, rows_of, run_batch  # noqa: E402
+from bert_tf.serving.predictor import iter_rows, json_line, load, rows_of, run_batch  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -49,22 +50,22 @@ flags.mark_flag_as_required("export_dir")
 
 def read_inputs():
     if bool(FLAGS.text is not None) == bool(FLAGS.input_file):
-        raise PredictError("pass exactly one of --text and --input_file")
+        raise ExportError("pass exactly one of --text and --input_file")
     if FLAGS.text is not None:
         return [(FLAGS.text, FLAGS.text_b or "")]
     return list(iter_rows(FLAGS.input_file))
 
 
 def run_on_beam(beam_args):
-    from bert_tf.beam import common, inference
+    from bert_tf.beam import inference
 
     if not FLAGS.input_file or not FLAGS.output_file or FLAGS.text is not None:
-        raise PredictError("--runner needs --input_file and --output_file (not --text)")
+        raise ExportError("--runner needs --input_file and --output_file (not --text)")
     try:
         summary = inference.run_predict(FLAGS.export_dir, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
                                         FLAGS.num_output_shards, beam_args, FLAGS.runner, FLAGS.num_workers)
-    except common.BeamJobError as e:
-        raise PredictError(str(e)) from None
+    except InputDataError as e:
+        raise ExportError(str(e)) from None
     print(f"wrote {summary['rows']} rows to {len(summary['output_files'])} file(s) {FLAGS.output_file}-*",
           file=sys.stderr)
 
@@ -110,7 +111,7 @@ def main(argv):
             for row in rows_of(kind, metadata, out, batch):
                 print(json_line(row) if FLAGS.format == "json" else tsv_line(kind, row, has_b))
             progress.update(start + len(batch))
-    except PredictError as e:
+    except ExportError as e:
         print(f"predict.py: error: {e}", file=sys.stderr)
         sys.exit(1)
 

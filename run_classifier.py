@@ -57,7 +57,7 @@ def ordered_labels(task):
 
 
 def main(_):
-    from bert_tf.tasks import TaskDataError, glue  # (no TensorFlow: the gate)
+    from bert_tf.tasks import glue  # (no TensorFlow: the gate)
 
     if not FLAGS.task_name or not FLAGS.data_dir:
         fail("--task_name and --data_dir are required")
@@ -70,7 +70,7 @@ def main(_):
         else:
             task = glue.get_task(FLAGS.task_name, xnli_language=FLAGS.xnli_language)
         task = ordered_labels(task)  # before TensorFlow starts: the absent label a run trusts is named
-    except (ValueError, TaskDataError) as e:
+    except ValueError as e:  # an InputDataError (bert_tf/errors.py), or a flag's value
         fail(str(e))
     train = bert_flags.check_finetune_flags()
 

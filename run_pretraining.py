@@ -89,8 +89,9 @@ def pretraining_config():
     read after set-up (a checkpoint's format is read with TensorFlow's checkpoint reader): the gate checks
     the values, bert_setup.pretraining_settings the model's fit once resolved. The input globs are expanded
     after set-up too (gs:// globs need TensorFlow's file system)."""
-    from bert_tf.configs import BertConfig, ConfigError
-    from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
+    from bert_tf.configs import BertConfig
+    from bert_tf.errors import ConfigError
+    from bert_tf.runners.pretraining_config import PretrainingConfig
 
     required = ("input_file", "output_dir") if FLAGS.init_checkpoint else ("bert_config_file", "input_file",
                                                                           "output_dir")
@@ -124,7 +125,7 @@ def pretraining_config():
             config.check_values()
         else:
             config.validate()
-    except (ConfigError, PretrainingError) as e:
+    except ConfigError as e:
         fail(str(e))
     return config
 

@@ -37,7 +37,6 @@ bert_flags.define_finetuning_flags(max_seq_length=384)
 
 def main(_):
     from bert_tf.runners.squad import SquadRunConfig, read_inputs  # no TensorFlow yet
-    from bert_tf.tasks import TaskDataError
 
     train = bert_flags.check_finetune_flags()
     cfg = SquadRunConfig(
@@ -55,7 +54,7 @@ def main(_):
     # Bad flags and files fail here, before the TensorFlow start-up.
     try:
         inputs = read_inputs(cfg)
-    except (TaskDataError, ValueError) as e:
+    except ValueError as e:  # an InputDataError (bert_tf/errors.py), or a flag's value
         fail(str(e))
 
     bert_setup.setup_process()

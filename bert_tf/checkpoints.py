@@ -29,7 +29,8 @@ import tensorflow as tf
 
 from bert_tf import model_dir
 from bert_tf.checkpoint_names import _HF_SPECIAL, encoder_of, hf_name, tf1_variable_map
-from bert_tf.configs import BertConfig, ConfigError, expected_casing, read_run_info
+from bert_tf.configs import BertConfig, expected_casing, read_run_info
+from bert_tf.errors import CheckpointError, ConfigError
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models import heads
 from bert_tf.models.encoder import BertEncoder
@@ -43,10 +44,6 @@ CHECKPOINT_MODEL_KEY = "model"
 # Variables in original checkpoints that are not model weights.
 _OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v")
 _NON_MODEL_NAMES = frozenset({"global_step"})
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into (or does not match) the model."""
 
 
 @dataclasses.dataclass
@@ -538,10 +535,7 @@ def _model_to_convert(input_path: str, bert_config: Optional[BertConfig], input_
     if os.path.isdir(input_path) and info.get("task_type") not in (None, "pretraining"):
         # A fine-tuned model dir: its task model, heads and labels as the runners saved them.
 
-        try:
-            model = model_dir.restore(input_path)
-        except model_dir.ModelDirError as e:
-            raise CheckpointError(str(e)) from None
+        model = model_dir.restore(input_path)
         return model, encoder_of(model).config, info
 
     input_format = input_format or detect_format(input_path)

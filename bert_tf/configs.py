@@ -18,6 +18,7 @@ import re
 from typing import Any, Mapping, Optional, Tuple
 
 from bert_tf import fileio
+from bert_tf.errors import ConfigError
 from bert_tf.fileio import write_text_atomic
 
 # hidden_act values. "gelu" is the tanh approximation, as in the original's bert_config.json (its
@@ -38,10 +39,6 @@ IGNORED_KEYS = frozenset(
         "pooler_type",
     }
 )
-
-
-class ConfigError(ValueError):
-    """A `bert_config.json` that cannot describe a BERT model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +298,7 @@ _UNCASED_PREFIXES = ("uncased_L-24_H-1024_A-16", "uncased_L-12_H-768_A-12", "mul
 _CASED_PREFIXES = ("cased_L-12_H-768_A-12", "cased_L-24_H-1024_A-16", "multi_cased_L-12_H-768_A-12")
 
 
-class CasingMismatchError(ValueError):
-    """`do_lower_case` disagrees with how the checkpoint was trained."""
+CasingMismatchError = ConfigError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 # What a fine-tuned (or pretrained) model dir holds: bert_tf_info.json's task_type, each with its model
@@ -415,4 +411,4 @@ def check_casing(do_lower_case: bool, init_checkpoint: str, allow_mismatch: bool
     )
     if allow_mismatch:
         return msg
-    raise CasingMismatchError(msg)
+    raise ConfigError(msg)

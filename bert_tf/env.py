@@ -228,7 +228,7 @@ def int8_info(onednn: dict) -> dict:
 
         with tf.device("/CPU:0"):
             quantize.check_int8_runtime()
-    except Exception as e:  # (QuantizationError, or a runtime without the op)
+    except Exception as e:  # (ExportError, or a runtime without the op)
         return {"verdict": "unavailable", "detail": _first_line(e)}
     used = onednn.get("isa_used")
     fast = [name for name in INT8_FAST_ISA if used and name in used]

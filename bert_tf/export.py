@@ -40,15 +40,15 @@ import tensorflow as tf
 
 from bert_tf import fileio
 from bert_tf import model_dir as model_dir_lib
-from bert_tf.checkpoints import CheckpointError, load_pretrained
-from bert_tf.configs import ConfigError
-from bert_tf.pretrained import FinetuneError, resolve_pretrained
+from bert_tf.checkpoints import load_pretrained
+from bert_tf.errors import CheckpointError, ConfigError, ExportError, InputDataError, RemotePathError
+from bert_tf.pretrained import resolve_pretrained
 from bert_tf.serving import onnx_export
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.classifier import ClassifierServing, RegressionServing
 from bert_tf.serving.encoder import EncoderServing
 from bert_tf.serving.formats import METADATA_FILE
-from bert_tf.serving.module import ServingOptions, ServingOptionsError
+from bert_tf.serving.module import ServingOptions
 from bert_tf.serving.multiple_choice import MultipleChoiceServing
 from bert_tf.serving.preprocessor import PreprocessorServing
 from bert_tf.serving.span import SpanServing
@@ -56,7 +56,6 @@ from bert_tf.serving.tagging import TaggingServing
 from bert_tf.serving.tokenizer import InGraphTokenizer, tokenizer_metadata
 from bert_tf.serving.windows import windowed
 from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LENGTH
-from bert_tf.tokenization import VocabError
 from bert_tf.tokenization.full import load_vocab
 
 # What serves each export type (bert_tf/serving/): "encoder", or a task type's model.
@@ -74,10 +73,6 @@ PREPROCESSOR = "preprocessor"
 METADATA_VERSION = 1
 # What an export is written as: a SavedModel (TF Serving, TF-Hub, batch jobs) or ONNX (ONNX Runtime on CPUs).
 EXPORT_FORMATS = ("savedmodel", "onnx")
-
-
-class ExportError(ValueError):
-    """A model_dir, checkpoint or export_dir that cannot be used; the message is one line."""
 
 
 # ------------------------------------------------------------------ metadata and the export itself
@@ -104,10 +99,7 @@ def check_format(export_format: str) -> None:
     if export_format not in EXPORT_FORMATS:
         raise ExportError(f"export_format {export_format!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     if export_format == "onnx":
-        try:
-            onnx_export.check_installed()
-        except onnx_export.OnnxExportError as e:
-            raise ExportError(str(e)) from None
+        onnx_export.check_installed()
 
 
 def check_quantize(quantize: Optional[str], export_format: str = "savedmodel") -> Optional[str]:
@@ -118,17 +110,14 @@ def check_quantize(quantize: Optional[str], export_format: str = "savedmodel") -
         raise ExportError(f"quantize {quantize!r}; expected none or {', '.join(quantization.QUANTIZE_MODES)}")
     if export_format == "onnx":
         return quantize  # ONNX Runtime's own int8 kernels
-    try:
-        quantization.check_int8_runtime()
-    except quantization.QuantizationError as e:
-        raise ExportError(str(e)) from None
+    quantization.check_int8_runtime()
     return quantize
 
 
 def _check_remote(path: str) -> None:
     try:
         fileio.check_remote(path)
-    except fileio.RemotePathError as e:
+    except RemotePathError as e:
         raise ExportError(str(e)) from None
 
 
@@ -212,10 +201,7 @@ def _write_serving_model(
     if max_seq_length > encoder.config.max_position_embeddings:
         raise ExportError(f"max_seq_length {max_seq_length} exceeds max_position_embeddings "
                           f"{encoder.config.max_position_embeddings} of bert_config.json")
-    try:
-        serving_module.check_options(options)
-    except ServingOptionsError as e:
-        raise ExportError(str(e)) from None
+    serving_module.check_options(options)
     if quantize and encoder.compute_dtype != "float32":
         raise ExportError(f"int8 export quantizes a float32 model; this one computes in {encoder.compute_dtype}")
 
@@ -239,10 +225,7 @@ def _write_serving_model(
             onnx_export.write_export(served, export_type, tmp_dir, [vocab_asset, metadata_file], encoder.config,
                                      serving_module.ids_rank, quantize, onnx_fusions)
 
-        try:
-            return _save_export(export_dir, vocab_file, metadata, save_onnx)
-        except onnx_export.OnnxExportError as e:
-            raise ExportError(str(e)) from None
+        return _save_export(export_dir, vocab_file, metadata, save_onnx)
 
     def save(tmp_dir, vocab_asset, metadata_file):
         tokenizer = InGraphTokenizer(vocab_asset, do_lower_case=do_lower_case, strip_accents=strip_accents)
@@ -257,14 +240,11 @@ def _write_serving_model(
             module = serving_module(served, tokenizer, options, metadata_file, kept_variables=kept)
             tf.saved_model.save(module, tmp_dir, signatures=module.signatures())
 
-    try:
-        if quantize:
-            layers = [name for name, _ in quantization.block_dense_layers(encoder)]
-            metadata.update(quantization="int8-dynamic",
-                            quantization_method=quantization.describe(int8_weight_scale, layers))
-        return _save_export(export_dir, vocab_file, metadata, save)
-    except quantization.QuantizationError as e:
-        raise ExportError(str(e)) from None
+    if quantize:
+        layers = [name for name, _ in quantization.block_dense_layers(encoder)]
+        metadata.update(quantization="int8-dynamic",
+                        quantization_method=quantization.describe(int8_weight_scale, layers))
+    return _save_export(export_dir, vocab_file, metadata, save)
 
 
 def export_preprocessor(export_dir: str, vocab_file: str, do_lower_case: bool, seq_length: int,
@@ -350,7 +330,7 @@ def export_model_dir(model_dir: str, export_dir: str, export_type: Optional[str]
                                        max_seq_length or info["max_seq_length"],
                                        strip_accents=info.get("strip_accents"), overwrite=overwrite)
         model = model_dir_lib.restore(model_dir)
-    except model_dir_lib.ModelDirError as e:
+    except CheckpointError as e:
         raise ExportError(str(e)) from None
     task = info["task_type"]
     export_type = export_type or ("encoder" if task == "pretraining" else task)
@@ -401,7 +381,7 @@ def export_checkpoint(init_checkpoint: str, bert_config_file: Optional[str], voc
                                        overwrite=overwrite)
         encoder = pretrained.build_encoder()
         load_pretrained(encoder, pretrained.init_checkpoint, pretrained.fmt)
-    except (CheckpointError, ConfigError, FinetuneError, VocabError) as e:
+    except (CheckpointError, ConfigError, InputDataError) as e:
         raise ExportError(str(e).splitlines()[0]) from None
     return _write_serving_model(encoder, "encoder", export_dir, pretrained.vocab_file, do_lower_case=do_lower_case,
                                 max_seq_length=max_seq_length, overwrite=overwrite, quantize=quantize,

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from bert_tf import fileio
 from bert_tf.checkpoints import load_pretrained
-from bert_tf.configs import ConfigError
+from bert_tf.errors import ConfigError
 from bert_tf.models.layer_combination import LayerCombination, combine_layers, parse_layer_combination
 from bert_tf.pretrained import resolve_pretrained
 from bert_tf.tokenization import FullTokenizer, convert_to_unicode

@@ -10,15 +10,13 @@ import re
 import threading
 from typing import Optional
 
+from bert_tf.errors import RemotePathError
+
 # URL schemes that name servers, not files (--tpu_name=grpc://..., a hub address).
 NON_FILE_SCHEMES = ("grpc", "http", "https")
 # How long check_remote waits for a remote file system's first answer (seconds).
 REMOTE_CHECK_TIMEOUT = 60.0
 REMOTE_CHECK_TIMEOUT_ENV = "BERT_TF_REMOTE_CHECK_TIMEOUT"
-
-
-class RemotePathError(OSError):
-    """A remote path (gs://, s3://, ...) whose file system cannot be reached or read; one line."""
 
 
 def is_remote(path: str) -> bool:

@@ -26,11 +26,11 @@ from bert_tf.configs import (
     RUN_INFO_FILE,
     TASK_TYPES,
     BertConfig,
-    ConfigError,
     TaskRecord,
     read_run_info,
     write_run_info,
 )
+from bert_tf.errors import CheckpointError, ConfigError
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models import (
     BertClassifier,
@@ -54,8 +54,7 @@ BEST_DIR = "best"
 TRAIN_DIR, EVAL_DIR = "train", "eval"
 
 
-class ModelDirError(ValueError):
-    """A model directory that cannot be used, or does not match the request; the message is one line."""
+ModelDirError = CheckpointError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def config_path(model_dir: str) -> str:
@@ -180,7 +179,7 @@ def check_config(model_dir: str, config: BertConfig) -> None:
     # (the state file is enough: a run's checkpoints are or were there)
     changed = config_changes(model_dir, config) if tf.train.get_checkpoint_state(model_dir) is not None else []
     if changed:
-        raise ModelDirError(
+        raise CheckpointError(
             f"{model_dir}: holds the checkpoints of a run with a different bert_config ({', '.join(changed)}); "
             "use a new --output_dir or pass --overwrite_output_dir")
 
@@ -214,26 +213,26 @@ def check_matches(model_dir: str, record: TaskRecord, config: Optional[BertConfi
     for key in TaskRecord.MATCHED:
         value = expected.get(key)
         if key in info and value is not None and info[key] != value:
-            raise ModelDirError(f"{model_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir")
+            raise CheckpointError(f"{model_dir}: holds a run with {key}={info[key]!r}, not {value!r}; use a new --output_dir")
 
 
 def read(model_dir: str) -> Tuple[BertConfig, dict]:
     """(BertConfig, run info) of a model_dir, with one-line errors for missing pieces."""
     if not tf.io.gfile.isdir(model_dir):
-        raise ModelDirError(f"{model_dir}: model_dir not found")
+        raise CheckpointError(f"{model_dir}: model_dir not found")
     config_file = config_path(model_dir)
     if not tf.io.gfile.exists(config_file):
-        raise ModelDirError(f"{config_file}: not found (a model_dir needs {', '.join(SIDE_FILES)})")
+        raise CheckpointError(f"{config_file}: not found (a model_dir needs {', '.join(SIDE_FILES)})")
     info_file = os.path.join(model_dir, RUN_INFO_FILE)
     if not tf.io.gfile.exists(info_file):
-        raise ModelDirError(f"{info_file}: not found (written by the fine-tuning runners)")
+        raise CheckpointError(f"{info_file}: not found (written by the fine-tuning runners)")
     try:
         info = read_run_info(model_dir)
     except json.JSONDecodeError as e:
-        raise ModelDirError(f"{info_file}: not valid JSON ({e})") from None
+        raise CheckpointError(f"{info_file}: not valid JSON ({e})") from None
     for key, kind in (("do_lower_case", bool), ("max_seq_length", int)):
         if not isinstance(info.get(key), kind):
-            raise ModelDirError(f"{info_file}: {key} must be a {kind.__name__}")
+            raise CheckpointError(f"{info_file}: {key} must be a {kind.__name__}")
     return BertConfig.from_json_file(config_file), info
 
 
@@ -287,7 +286,7 @@ def build_task_model(config: BertConfig, info, skip_padding: bool = True):
     try:
         record = info if isinstance(info, TaskRecord) else TaskRecord.from_info(info)
     except ConfigError as e:
-        raise ModelDirError(str(e)) from None
+        raise CheckpointError(str(e)) from None
     encoder = BertEncoder(config, causal=bool(record.causal_attention))
     return TASK_MODELS[record.task_type](encoder, record, skip_padding)
 
@@ -301,7 +300,7 @@ def restore(model_dir: str, checkpoint: Optional[str] = None):
     model = build_task_model(config, info)
     path = checkpoint or latest_checkpoint(model_dir)
     if path is None:
-        raise ModelDirError(f"{model_dir}: no {CHECKPOINT_NAME}-<step> checkpoint found")
+        raise CheckpointError(f"{model_dir}: no {CHECKPOINT_NAME}-<step> checkpoint found")
     try:
         status = tf.train.Checkpoint(model=model).read(path)
         status.expect_partial()
@@ -309,8 +308,8 @@ def restore(model_dir: str, checkpoint: Optional[str] = None):
     except (AssertionError, ValueError, IndexError, tf.errors.OpError) as e:
         kind, detail = describe_restore_error(e)
         if kind == RESTORE_MISMATCH:
-            raise ModelDirError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({detail})") from None
-        raise ModelDirError(f"{path}: cannot be read, {kind} ({detail})") from None
+            raise CheckpointError(f"{path}: does not match the {info['task_type']} model of {CONFIG_FILE} ({detail})") from None
+        raise CheckpointError(f"{path}: cannot be read, {kind} ({detail})") from None
     return model
 
 

@@ -19,7 +19,7 @@ model dir (its latest checkpoint), or nothing (train from scratch).
     tokenizer = BertTokenizer.from_pretrained(path)
     logits = model(tokenizer(["The cat sat.", "A dog ran."], ["It sat.", "It ran."]))  # [2, 3]
 
-Errors are one line (FinetuneError, CheckpointError, ConfigError: all ValueError).
+Errors are one line (ConfigError, CheckpointError: bert_tf/errors.py).
 
 The tokenizer is named as Hugging Face's, whose role it plays: strings (and
 pairs) -> the model's input dict, `[CLS] A [SEP] (B [SEP])` with the pair
@@ -50,9 +50,10 @@ from bert_tf.configs import (
     expected_casing,
     read_run_info,
 )
+from bert_tf.errors import CheckpointError, ConfigError, InputDataError
 from bert_tf.models.encoder import BertEncoder
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
-from bert_tf.tokenization import VocabError, check_vocab_fits, load_vocab, vocab_builder
+from bert_tf.tokenization import check_vocab_fits, load_vocab, vocab_builder
 from bert_tf.tokenization.fast import FastTokenizer
 
 logger = logging.getLogger("bert_tf.pretrained")
@@ -64,8 +65,7 @@ RETURN_TENSORS = ("np", "tf")
 RELEASED_CHECKPOINT = "bert_model.ckpt"
 
 
-class FinetuneError(ValueError):
-    """A fine-tuning set-up that cannot work (paths, config, vocab)."""
+FinetuneError = ConfigError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,14 +158,14 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         if os.path.isdir(init_checkpoint) and not os.path.exists(os.path.join(init_checkpoint, "model.safetensors")):
             try:  # its latest checkpoint, or an original download's bert_model.ckpt
                 latest = checkpoints.resolve_tf1_checkpoint(init_checkpoint)
-            except checkpoints.CheckpointError:
-                raise FinetuneError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
+            except CheckpointError:
+                raise ConfigError(f"{init_checkpoint}: a folder with no checkpoint (no model checkpoint, "
                                     "no bert_model.ckpt, no model.safetensors)") from None
             folder, init_checkpoint = init_checkpoint, latest
         try:
             fmt = checkpoints.detect_format(init_checkpoint)
-        except (checkpoints.CheckpointError, tf.errors.OpError, ValueError) as e:
-            raise FinetuneError(f"{init_checkpoint}: not a readable checkpoint ({str(e).splitlines()[0]})") from None
+        except (CheckpointError, tf.errors.OpError, ValueError) as e:
+            raise ConfigError(f"{init_checkpoint}: not a readable checkpoint ({str(e).splitlines()[0]})") from None
         if folder is None:
             folder = init_checkpoint if os.path.isdir(init_checkpoint) else os.path.dirname(init_checkpoint)
         info = read_run_info(folder)
@@ -184,7 +184,7 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
     elif fmt == "hf" and os.path.exists(os.path.join(folder, "config.json")):
         config_file, hf = os.path.join(folder, "config.json"), True
     else:
-        raise FinetuneError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
+        raise ConfigError("--bert_config_file is required (no bert_config.json or config.json beside the checkpoint)")
     config = BertConfig.from_json_file(config_file, hf=hf)
     checkpointing = asks_gradient_checkpointing(config_file)
 
@@ -193,13 +193,13 @@ def resolve_pretrained(init_checkpoint: Optional[str], bert_config_file: Optiona
         if candidate and os.path.exists(candidate):
             vocab_file = candidate
         elif require_vocab:
-            raise FinetuneError("--vocab_file is required (no vocab.txt beside the checkpoint)")
+            raise ConfigError("--vocab_file is required (no vocab.txt beside the checkpoint)")
         else:  # pretraining reads token ids from its records
             return Pretrained(config, None, init_checkpoint, fmt, do_lower_case, causal, pooling, checkpointing)
     try:
         check_vocab_fits(vocab_file, config.vocab_size, init_checkpoint)
-    except VocabError as e:
-        raise FinetuneError(str(e)) from None
+    except InputDataError as e:
+        raise ConfigError(str(e)) from None
     return Pretrained(config, vocab_file, init_checkpoint, fmt, do_lower_case, causal, pooling, checkpointing)
 
 
@@ -231,7 +231,7 @@ def check_lower_case(pretrained: Pretrained, do_lower_case: bool, allow_mismatch
         msg = (f"do_lower_case={bool(do_lower_case)} but {pretrained.init_checkpoint} was trained with "
                f"do_lower_case={pretrained.do_lower_case}")
         if not allow_mismatch:
-            raise FinetuneError(msg + f"; pass --do_lower_case={pretrained.do_lower_case}")
+            raise ConfigError(msg + f"; pass --do_lower_case={pretrained.do_lower_case}")
         logger.warning(msg)
         return
     if pretrained.init_checkpoint:
@@ -271,8 +271,8 @@ def init_new_token_embeddings(model, vocab_file: str, init_checkpoint: str) -> l
     """
     try:
         new_tokens = vocab_builder.read_extension(vocab_file)
-    except vocab_builder.VocabExtensionError as e:
-        raise checkpoints.CheckpointError(str(e)) from None
+    except InputDataError as e:
+        raise CheckpointError(str(e)) from None
     if not new_tokens:
         return []
     beside = checkpoints.vocab_beside(init_checkpoint)
@@ -283,7 +283,7 @@ def init_new_token_embeddings(model, vocab_file: str, init_checkpoint: str) -> l
         if have == t.token:
             continue
         if have != t.replaced:
-            raise checkpoints.CheckpointError(
+            raise CheckpointError(
                 f"{vocab_file}: id {t.id} is {t.token!r} in place of {t.replaced!r}, but {beside} has {have!r} "
                 "there; the vocab was extended from another vocab than the checkpoint's")
         todo.append(t)
@@ -331,7 +331,7 @@ def load_starting_weights(model, init_checkpoint: str, fmt: Optional[str] = None
 def resolve(path: str, bert_config_file: Optional[str] = None, vocab_file: Optional[str] = None) -> Pretrained:
     """resolve_pretrained for a checkpoint that must exist (an empty path would mean "from scratch")."""
     if not path:
-        raise FinetuneError("from_pretrained needs a checkpoint path (an original, Hugging Face or bert_tf one)")
+        raise ConfigError("from_pretrained needs a checkpoint path (an original, Hugging Face or bert_tf one)")
     path = os.fspath(path)
     if os.path.exists(os.path.join(path, RELEASED_CHECKPOINT + ".index")):  # a released model's folder
         path = os.path.join(path, RELEASED_CHECKPOINT)
@@ -388,7 +388,7 @@ class BertTokenizer:
             max_seq_length = min(read_run_info(folder).get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH),
                                  pretrained.config.max_position_embeddings)
         elif max_seq_length > pretrained.config.max_position_embeddings:
-            raise FinetuneError(f"max_seq_length {max_seq_length} exceeds max_position_embeddings "
+            raise ConfigError(f"max_seq_length {max_seq_length} exceeds max_position_embeddings "
                                 f"{pretrained.config.max_position_embeddings} of {path}")
         return cls(pretrained.vocab_file, do_lower_case, max_seq_length)
 

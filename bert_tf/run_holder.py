@@ -39,6 +39,7 @@ import uuid
 from typing import Dict, Iterator, Optional
 
 from bert_tf import fileio
+from bert_tf.errors import OutputDirHeld
 
 logger = logging.getLogger("bert_tf.run_holder")
 
@@ -51,10 +52,6 @@ STALE_ENV = "BERT_TF_HOLDER_STALE_SECONDS"
 # How long a claim waits before reading itself back: longer than the time from a claimer's read to its write
 # (milliseconds locally; a remote write is one upload).
 SETTLE_SECONDS = {"local": 0.2, "remote": 2.0}
-
-
-class OutputDirHeld(ValueError):
-    """Another live run holds the output_dir; the message is one line naming it."""
 
 
 def holder_path(output_dir: str) -> str:

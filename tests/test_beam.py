@@ -25,6 +25,7 @@ from test_pretraining_data import VOCAB, _corpus  # noqa: E402  (the local tool'
 
 from bert_tf.beam import common, inference, pretraining, vocab  # noqa: E402
 from bert_tf.data import pretraining_job, schema  # noqa: E402
+from bert_tf.errors import InputDataError  # noqa: E402
 from bert_tf.tokenization import vocab_builder  # noqa: E402
 
 BEAM = ["--direct_num_workers=2"]  # the local runner's default mode: worker processes
@@ -87,7 +88,7 @@ def test_pretraining_data_beam_same_bytes_for_1_and_2_workers(corpus, tmp_path):
 def test_pretraining_data_beam_bad_inputs(corpus, tmp_path):
     unreadable = tmp_path / "corpus_bad.txt.gz"
     unreadable.write_bytes(b"\x1f\x8b not gzip")
-    with pytest.raises(pretraining_job.PretrainingDataError, match="vocab_file: .*\\[MASK\\]"):
+    with pytest.raises(InputDataError, match="vocab_file: .*\\[MASK\\]"):
         bad_vocab = tmp_path / "vocab.txt"
         bad_vocab.write_text("\n".join(t for t in VOCAB if t != "[MASK]") + "\n")
         pretraining.run(_config(corpus, tmp_path / "out.tfrecord", 128, False, vocab_file=str(bad_vocab)), BEAM)
@@ -201,7 +202,7 @@ def test_predict_beam_rows_are_the_single_process_rows(classifier_export, tmp_pa
 
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.jsonl").write_text('{"text": "the cat"}\n{"text": "the dog",\n', encoding="utf-8")
-    with pytest.raises(common.BeamJobError) as e:
+    with pytest.raises(InputDataError) as e:
         inference.run_predict(str(classifier_export), f"{tmp_path}/bad/x.jsonl", str(tmp_path / "bad" / "o.jsonl"),
                               beam_args=IN_PROCESS)
     assert str(e.value).startswith(f"{tmp_path}/bad/x.jsonl:2: not a JSON line")
@@ -244,19 +245,19 @@ def test_extract_features_beam_lines_are_the_single_process_lines(tmp_path):
 
 def test_runner_values_beam_cannot_use_are_one_line_before_any_work():
     """A --runner Beam does not know, a dotted path that does not import, a negative --num_workers, and a
-    remote runner missing its options each raise BeamJobError with one line (Beam's own errors were
+    remote runner missing its options each raise InputDataError with one line (Beam's own errors were
     tracebacks of 20+ lines); Beam's names pass in any case, with or without "Runner"."""
     for name in ("DirectRunner", "direct", "dataflowrunner", "FlinkRunner", "apache_beam.runners.DirectRunner"):
         common.check_runner(name)
     for name, message in (("NoSuchRunner", "--runner=NoSuchRunner: not a Beam runner (one of "),
                           ("no_such_pkg.Runner", "--runner=no_such_pkg.Runner: cannot import no_such_pkg"),
                           ("apache_beam.runners.NoSuchRunner", "--runner=apache_beam.runners.NoSuchRunner: apache_beam.runners has no ")):
-        with pytest.raises(common.BeamJobError) as info:
+        with pytest.raises(InputDataError) as info:
             common.check_runner(name)
         assert str(info.value).startswith(message) and "\n" not in str(info.value)
-    with pytest.raises(common.BeamJobError, match="^--num_workers: must be >= 0 \\(0: all cores\\), got -1$"):
+    with pytest.raises(InputDataError, match="^--num_workers: must be >= 0 \\(0: all cores\\), got -1$"):
         common.pipeline_options([], "DirectRunner", num_workers=-1)
     options = common.pipeline_options([], "DataflowRunner")
-    with pytest.raises(common.BeamJobError) as info:
+    with pytest.raises(InputDataError) as info:
         common.make_pipeline(options)
     assert "\n" not in str(info.value) and "project" in str(info.value) and "region" in str(info.value)

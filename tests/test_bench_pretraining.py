@@ -8,7 +8,7 @@ import pytest
 from conftest import benchmark_module
 
 from bert_tf.data import schema
-from bert_tf.data.pipelines import InputDataError
+from bert_tf.errors import InputDataError
 
 pytestmark = pytest.mark.slow
 

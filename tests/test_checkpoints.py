@@ -9,6 +9,7 @@ from conftest import shared_path
 
 from bert_tf import checkpoints
 from bert_tf.configs import BertConfig
+from bert_tf.errors import CheckpointError
 from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer, BertSpanLabeler
 
 TINY = BertConfig(
@@ -140,13 +141,13 @@ def test_fine_tuned_checkpoint_heads_round_trip(tmp_path, make, names):
 def test_mismatched_config_errors(tmp_path, change, message):
     path = str(tmp_path / "bert_model.ckpt")
     checkpoints.write_tf1_checkpoint(BertEncoder(TINY), path)
-    with pytest.raises(checkpoints.CheckpointError, match=message) as e:
+    with pytest.raises(CheckpointError, match=message) as e:
         checkpoints.load_tf1_checkpoint(BertEncoder(TINY.replace(**change)), path)
     assert "\n" not in str(e.value) and path in str(e.value)
 
 
 def test_missing_checkpoint_error(tmp_path):
-    with pytest.raises(checkpoints.CheckpointError, match=r"no checkpoint found \(expected .*nope.ckpt.index\)"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint found \(expected .*nope.ckpt.index\)"):
         checkpoints.load_tf1_checkpoint(BertEncoder(TINY), str(tmp_path / "nope.ckpt"))
 
 
@@ -167,7 +168,7 @@ def test_our_checkpoint_round_trip_and_fine_tuning_init(tmp_path):
     checkpoints.load_checkpoint(clf, path)  # encoder restored, fresh head kept
     x = inputs(TINY)
     np.testing.assert_array_equal(clf.encoder(x)["pooled_output"], pretrainer.encoder(x)["pooled_output"])
-    with pytest.raises(checkpoints.CheckpointError, match="does not match"):
+    with pytest.raises(CheckpointError, match="does not match"):
         checkpoints.load_checkpoint(BertEncoder(TINY.replace(intermediate_size=12)), path)
 
 
@@ -216,13 +217,13 @@ def test_hf_weights_load(tmp_path, prefix, legacy):
 
 def test_hf_config_mismatch_and_bad_paths(tmp_path):
     write_hf(BertEncoder(TINY), tmp_path / "hf", TINY, prefix="")
-    with pytest.raises(checkpoints.CheckpointError, match=r"config.json: hidden_size is 8 but .* says 16"):
+    with pytest.raises(CheckpointError, match=r"config.json: hidden_size is 8 but .* says 16"):
         checkpoints.load_hf_weights(BertEncoder(TINY.replace(hidden_size=16)), str(tmp_path / "hf"))
-    with pytest.raises(checkpoints.CheckpointError, match="no model.safetensors"):
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
         checkpoints.load_hf_weights(BertEncoder(TINY), str(tmp_path))
-    with pytest.raises(checkpoints.CheckpointError, match="no such file"):
+    with pytest.raises(CheckpointError, match="no such file"):
         checkpoints.load_hf_weights(BertEncoder(TINY), str(tmp_path / "missing.safetensors"))
-    from bert_tf.configs import ConfigError
+    from bert_tf.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model_type is 'roberta'"):
         checkpoints.hf_config_to_bert_config({"model_type": "roberta", "vocab_size": 10})

@@ -5,7 +5,8 @@ import json
 import pytest
 from conftest import shared_path
 
-from bert_tf.configs import BertConfig, CasingMismatchError, ConfigError, check_casing, write_run_info
+from bert_tf.configs import BertConfig, check_casing, write_run_info
+from bert_tf.errors import ConfigError
 
 
 def test_json_round_trip_matches_original_format(tmp_path):
@@ -83,13 +84,13 @@ def test_named_sizes():
 
 def test_casing_from_folder_name_and_run_info(tmp_path):
     assert check_casing(True, "/m/uncased_L-12_H-768_A-12/bert_model.ckpt") is None
-    with pytest.raises(CasingMismatchError, match="do_lower_case=False"):
+    with pytest.raises(ConfigError, match="do_lower_case=False"):
         check_casing(True, "/m/cased_L-12_H-768_A-12/bert_model.ckpt")
     warning = check_casing(True, "/m/multi_cased_L-12_H-768_A-12/bert_model.ckpt", allow_mismatch=True)
     assert "do_lower_case=False" in warning
     # Our own checkpoints record casing; the folder name no longer matters.
     write_run_info(str(tmp_path), do_lower_case=False)
-    with pytest.raises(CasingMismatchError):
+    with pytest.raises(ConfigError):
         check_casing(True, str(tmp_path / "ckpt-10"))
     assert check_casing(False, str(tmp_path / "ckpt-10")) is None
     # Unknown folder names stay silent.

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, shared_path
 
-from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, conll
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import IGNORE_LABEL_ID, conll
 from bert_tf.tokenization import FullTokenizer
 
 TINY = str(TESTDATA / "conll_tiny.txt")
@@ -32,14 +33,14 @@ def test_reader_sentences_documents_and_tags():
 def test_reader_errors(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_text("EU NNP B-NP B-ORG\nrejects\n", encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"bad\.txt:2: expected 'word \.\.\. NER-tag'"):
+    with pytest.raises(InputDataError, match=r"bad\.txt:2: expected 'word \.\.\. NER-tag'"):
         conll.read_conll(str(path))
     assert conll.read_conll(str(path), has_labels=False)[0].words == ["EU", "rejects"]
     path.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-ORG\n", encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"bad\.txt:2: expected 4 columns"):
+    with pytest.raises(InputDataError, match=r"bad\.txt:2: expected 4 columns"):
         conll.read_conll(str(path))
     path.write_bytes(b"EU NNP B-NP B-ORG\n\nM\xfcller NNP B-NP B-PER\n")
-    with pytest.raises(TaskDataError, match=r"bad\.txt:3: byte 0xfc is not valid UTF-8"):
+    with pytest.raises(InputDataError, match=r"bad\.txt:3: byte 0xfc is not valid UTF-8"):
         conll.read_conll(str(path))
 
 
@@ -53,7 +54,7 @@ def test_first_piece_carries_the_label(tokenizer):
     assert f.label_ids == [X, 0, 3, 4, X, X, 0, 0, X]
     assert f.label_positions == [1, 2, 3, 6, 7]
     assert f.input_mask == [1] * 9 and f.segment_ids == [0] * 9
-    with pytest.raises(TaskDataError, match="unknown tag 'B-PER'"):
+    with pytest.raises(InputDataError, match="unknown tag 'B-PER'"):
         conll.convert_examples_to_features(examples, ["O", "B-LOC", "B-ORG"], 16, tokenizer)
 
 

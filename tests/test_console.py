@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from bert_tf import console, fileio
+from bert_tf.errors import RemotePathError
 
 # No network here (and in CI), so every bucket is unreachable.
 BUCKET = "gs://bert-tf-no-such-bucket-17"
@@ -146,12 +147,12 @@ def test_check_remote_names_the_path_of_an_unreachable_bucket_or_unknown_scheme(
     fileio.check_remote(str(REPO))  # local: nothing to check
     fileio.check_remote("grpc://10.0.0.2:8470")  # a server address, not a file
     start = time.time()
-    with pytest.raises(fileio.RemotePathError, match=f"^{BUCKET}/train\\*: cannot reach or read it \\(.+\\)$"):
+    with pytest.raises(RemotePathError, match=f"^{BUCKET}/train\\*: cannot reach or read it \\(.+\\)$"):
         fileio.check_remote(f"{BUCKET}/train*")
-    with pytest.raises(fileio.RemotePathError, match=f"^{BUCKET}/vocab.txt: cannot reach or read it"):
+    with pytest.raises(RemotePathError, match=f"^{BUCKET}/vocab.txt: cannot reach or read it"):
         fileio.check_remote(f"{BUCKET}/vocab.txt")
     assert time.time() - start < 20  # no network: fails at once, not after retries
-    with pytest.raises(fileio.RemotePathError, match="^nosuchfs://b/x: this TensorFlow has no file system for "
+    with pytest.raises(RemotePathError, match="^nosuchfs://b/x: this TensorFlow has no file system for "
                                                      "nosuchfs:// \\(it has .*gs://"):
         fileio.check_remote("nosuchfs://b/x")
 

@@ -19,10 +19,11 @@ from conftest import run_script_main
 from bert_tf import checkpoints, pretrained
 from bert_tf.configs import BertConfig
 from bert_tf.data import pretraining_job, schema
+from bert_tf.errors import CheckpointError, ConfigError
 from bert_tf.models import BertEncoder, BertPretrainer
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import build_trainer, run_pretraining
-from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.tokenization import vocab_builder
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
@@ -171,7 +172,7 @@ def test_data_of_another_vocab_is_one_line(setup, tmp_path):
     strategy = strategy_lib.get_strategy("one_device")
     init = setup["kinds"]["tf1_full"]
     small = BertConfig(**{**setup["config"].to_dict(), "vocab_size": 300})
-    with pytest.raises(PretrainingError) as info:  # records hold ids the checkpoint has no rows for
+    with pytest.raises(ConfigError) as info:  # records hold ids the checkpoint has no rows for
         run_pretraining(_config(small, setup["data"]["train"], tmp_path / "a", init_checkpoint=init), strategy)
     largest = max(max(schema.decode_example(r)["input_ids"]) for r in schema.read_records(setup["data"]["train"]))
     assert largest >= 300
@@ -180,7 +181,7 @@ def test_data_of_another_vocab_is_one_line(setup, tmp_path):
                                     "the checkpoint's")
     other = tmp_path / "other_vocab.txt"
     vocab_builder.write_vocab(str(other), setup["base"][:350])
-    with pytest.raises(PretrainingError) as info:  # a vocab of another size than the checkpoint's (the gate's)
+    with pytest.raises(ConfigError) as info:  # a vocab of another size than the checkpoint's (the gate's)
         _config(setup["config"], setup["data"]["train"], tmp_path / "b", init_checkpoint=init,
                 vocab_file=str(other)).validate()
     assert str(info.value).startswith(f"{other}: 350 tokens but {init} has vocab_size 400;")
@@ -217,7 +218,7 @@ def test_a_checkpoint_that_knows_the_new_tokens_keeps_their_rows(setup, tmp_path
     wrong = list(setup["base"])
     wrong[setup["new_tokens"][0].id] = "something"
     vocab_builder.write_vocab(str(folder / "vocab.txt"), wrong)
-    with pytest.raises(checkpoints.CheckpointError, match="extended from another vocab than the checkpoint's"):
+    with pytest.raises(CheckpointError, match="extended from another vocab than the checkpoint's"):
         pretrained.init_new_token_embeddings(model, setup["ext_vocab"], prefix)
 
 

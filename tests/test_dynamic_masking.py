@@ -16,9 +16,10 @@ from test_run_pretraining import PREDS, REPO, SEQ, _command, _events, _run, _wai
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import masking, pipelines, pretraining_job
+from bert_tf.errors import ConfigError
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import run_pretraining
-from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.tokenization import load_vocab
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
@@ -217,7 +218,7 @@ def test_the_wrong_kind_or_vocab_is_one_line_before_training(dyn, tmp_path, case
         (tmp_path / "other.txt").write_text("\n".join(words[2:3] + words[:2] + words[3:]) + "\n")
     if case in ("small_vocab", "other_vocab"):
         changes = dict(vocab_file=str(tmp_path / "other.txt"))
-    with pytest.raises(PretrainingError) as info:
+    with pytest.raises(ConfigError) as info:
         run_pretraining(_config(dyn, tmp_path, **changes), strategy_lib.get_strategy("one_device"))
     assert message.format(d=dyn, t=tmp_path) in str(info.value) and "\n" not in str(info.value)
     if case == "small_vocab":

@@ -3,7 +3,7 @@ its stop, the rerun and best/'s export: tests/test_run_classifier.py)."""
 
 import pytest
 
-from bert_tf.pretrained import FinetuneError
+from bert_tf.errors import ConfigError
 from bert_tf.runners.common import best_model_summary, check_early_stopping
 from bert_tf.runners.task import FinetuneConfig, FinetuneTask
 
@@ -21,7 +21,7 @@ class _Task(FinetuneTask):
                                                             "add --do_eval (one per epoch) or --eval_every_steps=N"),
 ])
 def test_early_stopping_without_evaluations_during_training_is_one_line(kw, message):
-    with pytest.raises(FinetuneError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
         check_early_stopping(FinetuneConfig(output_dir="out", early_stopping=2, **kw), _Task())
 
 
@@ -29,7 +29,7 @@ def test_early_stopping_with_evaluations_is_accepted_and_named_in_the_summary():
     check_early_stopping(FinetuneConfig(output_dir="out", do_train=True, do_eval=True, early_stopping=3), _Task())
     check_early_stopping(FinetuneConfig(output_dir="out", do_train=True, eval_every_steps=5, early_stopping=1), _Task())
     check_early_stopping(FinetuneConfig(output_dir="out", do_train=True), _Task(()))  # off: nothing to check
-    with pytest.raises(FinetuneError, match="^--early_stopping needs a dev set to evaluate during training; "
+    with pytest.raises(ConfigError, match="^--early_stopping needs a dev set to evaluate during training; "
                                             "this run has none$"):
         check_early_stopping(FinetuneConfig(output_dir="out", do_train=True, do_eval=True, early_stopping=1),
                              _Task(()))

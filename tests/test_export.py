@@ -16,8 +16,9 @@ import tensorflow as tf
 from conftest import CPU_ONLY, REPO, TINY_VOCAB, WITHOUT_BERT_TF, run_script, shared_path
 
 from bert_tf.configs import BertConfig, write_run_info
-from bert_tf.export import EXPORT_TYPES, SERVING_MODULES, ExportError, export_model_dir, export_serving_model
-from bert_tf.model_dir import TASK_TYPES, ModelDirError, build_task_model
+from bert_tf.errors import CheckpointError, ExportError
+from bert_tf.export import EXPORT_TYPES, SERVING_MODULES, export_model_dir, export_serving_model
+from bert_tf.model_dir import TASK_TYPES, build_task_model
 from bert_tf.model_dir import read as read_model_dir
 from bert_tf.model_dir import restore as restore_model_dir
 from bert_tf.serving.module import pad_positions, used_length
@@ -394,15 +395,15 @@ def test_restore_model_dir_returns_the_trained_weights(exported):
 
 def test_bad_model_dirs_and_export_dirs_give_one_line_errors(exported, tmp_path):
     base = exported["base"]
-    with pytest.raises(ModelDirError, match="model_dir not found"):
+    with pytest.raises(CheckpointError, match="model_dir not found"):
         read_model_dir(str(tmp_path / "missing"))
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "bert_config.json").write_text(_tiny_config().to_json_string())
     write_run_info(str(empty), do_lower_case=True, max_seq_length=SEQ, task_type="classification", label_list=LABELS)
-    with pytest.raises(ModelDirError, match="no ckpt-<step> checkpoint"):
+    with pytest.raises(CheckpointError, match="no ckpt-<step> checkpoint"):
         restore_model_dir(str(empty))
-    with pytest.raises(ModelDirError, match="label_list"):
+    with pytest.raises(CheckpointError, match="label_list"):
         build_task_model(_tiny_config(), {"task_type": "tagging"})
     keep = base / "classifier" / "saved_model.pb"
     before = keep.stat().st_mtime_ns

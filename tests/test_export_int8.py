@@ -16,7 +16,8 @@ from conftest import REPO, TINY_PROB_TOLERANCE, TINY_VOCAB, WITHOUT_BERT_TF, run
 
 from bert_tf import env as env_lib
 from bert_tf.configs import BertConfig, write_run_info
-from bert_tf.export import ExportError, export_model_dir, export_serving_model
+from bert_tf.errors import ExportError
+from bert_tf.export import export_model_dir, export_serving_model
 from bert_tf.model_dir import build_task_model
 from bert_tf.serving import quantize as quantization
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair

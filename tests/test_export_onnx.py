@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, TINY_VOCAB, run_script, tiny_task_model_dir
 
-from bert_tf.export import EXPORT_TYPES, ExportError, export_checkpoint, export_model_dir
+from bert_tf.errors import ExportError
+from bert_tf.export import EXPORT_TYPES, export_checkpoint, export_model_dir
 from bert_tf.serving.predictor import Predictor, load, rows_of, run_batch
 
 onnxruntime = pytest.importorskip("onnxruntime")  # the [onnx] extra, part of [test]

@@ -9,8 +9,9 @@ from conftest import shared_path
 
 from bert_tf import checkpoints, model_dir
 from bert_tf.configs import BertConfig, TaskRecord
+from bert_tf.errors import CheckpointError, ConfigError
 from bert_tf.models import BertClassifier, BertEncoder, BertMultipleChoice, BertPretrainer
-from bert_tf.pretrained import BertTokenizer, FinetuneError, from_pretrained, resolve_pretrained
+from bert_tf.pretrained import BertTokenizer, from_pretrained, resolve_pretrained
 from bert_tf.tasks.glue import InputExample, convert_examples_to_features
 from bert_tf.tokenization import FullTokenizer
 
@@ -132,10 +133,10 @@ def test_bert_tf_model_dir(tmp_path, classifier, vocab_file):
     model = from_pretrained(BertClassifier, folder, num_labels=2)
     np.testing.assert_array_equal(model(x), reference(x))
     np.testing.assert_array_equal(model(x), classifier(x))
-    with pytest.raises(checkpoints.CheckpointError, match="does not match the model built from bert_config") as error:
+    with pytest.raises(CheckpointError, match="does not match the model built from bert_config") as error:
         from_pretrained(BertClassifier, folder, num_labels=3)  # the saved head has 2 labels
     assert "\n" not in str(error.value)
-    with pytest.raises(FinetuneError, match="do_lower_case=False but .* do_lower_case=True"):
+    with pytest.raises(ConfigError, match="do_lower_case=False but .* do_lower_case=True"):
         BertTokenizer.from_pretrained(folder, do_lower_case=False)
 
 
@@ -154,12 +155,12 @@ def test_causal_model_dir_gives_a_causal_model(tmp_path, vocab_file):
 
 
 def test_errors_are_one_line(tmp_path, vocab_file):
-    with pytest.raises(FinetuneError, match="nope: not a readable checkpoint") as error:
+    with pytest.raises(ConfigError, match="nope: not a readable checkpoint") as error:
         from_pretrained(BertEncoder, str(tmp_path / "nope"))
     assert "\n" not in str(error.value)
-    with pytest.raises(FinetuneError, match="a folder with no checkpoint"):
+    with pytest.raises(ConfigError, match="a folder with no checkpoint"):
         from_pretrained(BertClassifier, str(tmp_path), num_labels=2)
-    with pytest.raises(FinetuneError, match="needs a checkpoint path"):
+    with pytest.raises(ConfigError, match="needs a checkpoint path"):
         BertTokenizer.from_pretrained("")
     source = BertEncoder(TINY)
     prefix = checkpoints.write_tf1_checkpoint(source, str(tmp_path / "orig" / "bert_model.ckpt"))
@@ -167,11 +168,11 @@ def test_errors_are_one_line(tmp_path, vocab_file):
     (tmp_path / "orig" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     wider = tmp_path / "wider.json"
     TINY.replace(intermediate_size=12).to_json_file(str(wider))
-    with pytest.raises(checkpoints.CheckpointError,
+    with pytest.raises(CheckpointError,
                        match=r"intermediate/dense/\w+ has shape \[16\] in the checkpoint but \[12\]") as error:
         from_pretrained(BertEncoder, prefix, bert_config_file=str(wider))  # config mismatch
     assert "\n" not in str(error.value)
     with pytest.raises(TypeError, match="unexpected argument.*num_labels"):
         from_pretrained(BertEncoder, prefix, num_labels=2)
-    with pytest.raises(FinetuneError, match="max_seq_length 64 exceeds max_position_embeddings 16"):
+    with pytest.raises(ConfigError, match="max_seq_length 64 exceeds max_position_embeddings 16"):
         BertTokenizer.from_pretrained(prefix, max_seq_length=64)

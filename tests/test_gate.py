@@ -15,7 +15,8 @@ from conftest import REPO, run_script_main
 
 from bert_tf import fileio
 from bert_tf.configs import BertConfig
-from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
+from bert_tf.errors import ConfigError
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.training.settings import TrainSettings
 
 # Runs a script as `python script.py ...` would, then says on stderr whether TensorFlow was imported.
@@ -151,9 +152,9 @@ def test_pretraining_config_checks_values_before_the_model_and_the_vocab(tmp_pat
     base = dict(bert_config=config, input_files=["x"], output_dir=str(tmp_path), max_seq_length=32,
                 max_predictions_per_seq=5, do_train=True, num_train_steps=20, num_warmup_steps=2)
     PretrainingConfig(**base).validate()
-    with pytest.raises(PretrainingError, match="unknown optimizer 'sgd'; expected one of adamw, lamb"):
+    with pytest.raises(ConfigError, match="unknown optimizer 'sgd'; expected one of adamw, lamb"):
         PretrainingConfig(**base, train=TrainSettings(optimizer="sgd")).validate()
-    with pytest.raises(PretrainingError, match="50 tokens"):  # against the model's vocab_size 40
+    with pytest.raises(ConfigError, match="50 tokens"):  # against the model's vocab_size 40
         PretrainingConfig(**base, vocab_file=str(vocab)).validate()
     PretrainingConfig(**{**base, "bert_config": None}, vocab_file=str(vocab)).check_values()  # no model needed
 

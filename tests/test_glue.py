@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, TINY_VOCAB, shared_path
 
-from bert_tf.tasks import TaskDataError, glue, metrics
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import glue, metrics
 from bert_tf.tokenization import FullTokenizer
 
 # GLUE folder, task name, labelled splits, test splits.
@@ -131,7 +132,7 @@ RTE_LABELS = glue.get_task("rte").labels
     ],
 )
 def test_bad_rows_give_one_line_errors(tmp_path, text, message):
-    with pytest.raises(TaskDataError, match=message) as info:
+    with pytest.raises(InputDataError, match=message) as info:
         glue.read_examples(_tsv(tmp_path, text), RTE_LAYOUT, RTE_LABELS)
     assert "\n" not in str(info.value)
 
@@ -139,13 +140,13 @@ def test_bad_rows_give_one_line_errors(tmp_path, text, message):
 def test_bad_regression_target_and_headerless_columns(tmp_path):
     stsb = glue.get_task("sts-b").split("train").layout
     path = _tsv(tmp_path, "sentence1\tsentence2\tscore\na\tb\tfive\n")
-    with pytest.raises(TaskDataError, match=r":2: expected a number as the label, found 'five'"):
+    with pytest.raises(InputDataError, match=r":2: expected a number as the label, found 'five'"):
         glue.read_examples(path, stsb, None)
     cola = glue.get_task("cola").split("train").layout
     path = _tsv(tmp_path, "gj04\t1\t\tGood sentence.\ngj04\t0\n")
-    with pytest.raises(TaskDataError, match=r":2: expected at least 4 tab-separated columns, found 2"):
+    with pytest.raises(InputDataError, match=r":2: expected at least 4 tab-separated columns, found 2"):
         glue.read_examples(path, cola, ("0", "1"))
-    with pytest.raises(TaskDataError, match=r"cannot read file"):
+    with pytest.raises(InputDataError, match=r"cannot read file"):
         glue.get_task("rte").read_examples(str(tmp_path / "nowhere"), "train")
 
 
@@ -181,7 +182,7 @@ def test_feature_layout_padding_and_labels(tiny_tokenizer):
     regression = glue.convert_examples_to_features([glue.InputExample("r", "the cat", label=3.8)], None, 8,
                                                    tiny_tokenizer)
     assert glue.features_to_arrays(regression)["label_ids"].dtype == np.float32
-    with pytest.raises(TaskDataError, match="unknown label '2'"):
+    with pytest.raises(InputDataError, match="unknown label '2'"):
         glue.convert_examples_to_features([glue.InputExample("x", "a", label="2")], ("0", "1"), 8, tiny_tokenizer)
 
 

@@ -253,7 +253,8 @@ def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(encoder, skip
 def test_mean_pooling_classifier_has_no_hugging_face_layout(encoder, tmp_path):
     """transformers' BertForSequenceClassification reads the pooler at [CLS]: writing a mean-pooled classifier in
     its layout would serve other numbers, so it is a one-line error (the [CLS] one writes)."""
-    from bert_tf.checkpoints import CheckpointError, write_hf_checkpoint
+    from bert_tf.checkpoints import write_hf_checkpoint
+    from bert_tf.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match=r"^a classifier on the mean of its tokens \(--pooling=mean\) has no "):
         write_hf_checkpoint(BertClassifier(encoder, num_labels=2, pooling="mean"), str(tmp_path / "mean"))

@@ -21,7 +21,8 @@ import tensorflow as tf
 from conftest import TINY_VOCAB
 
 from bert_tf import checkpoints
-from bert_tf.configs import BertConfig, ConfigError
+from bert_tf.configs import BertConfig
+from bert_tf.errors import ConfigError
 from bert_tf.layers.activations import Dense, gelu, gelu_exact, get_activation
 from bert_tf.models import BertClassifier, BertEncoder, BertPretrainer
 

@@ -14,7 +14,8 @@ from long_inputs import (
     _write_split,
 )
 
-from bert_tf.tasks import TaskDataError, glue
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import glue
 from bert_tf.tasks.windows import (
     DEFAULT_WINDOW_TRAINING,
     aggregate_windows,
@@ -66,7 +67,7 @@ def test_long_text_and_pair_windows(tokenizer):
     for feature, (start, length) in zip(features, spans, strict=True):
         assert feature.input_ids == [cls] + q_ids + [sep] + ids[start:start + length] + [sep]
         assert feature.segment_ids == [0] * (len(question) + 2) + [1] * (length + 1)
-    with pytest.raises(TaskDataError, match=r"^example p: text_a has 14 word pieces, which leaves no room for "
+    with pytest.raises(InputDataError, match=r"^example p: text_a has 14 word pieces, which leaves no room for "
                                             r"text_b in max_seq_length 16 .*put the long text in text_b"):
         glue.convert_examples_to_windows([glue.InputExample("p", " ".join(words[:14]), "the cat", label="no")],
                                          ["no", "yes"], SEQ, tokenizer, doc_stride=5)
@@ -209,7 +210,7 @@ def test_the_any_start_bias_gives_the_first_label_its_share_of_the_inputs(labels
 def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     """The default window training per aggregation, and the combinations refused before any work: 'any' on a
     regression, the aggregate with --pack_sequences (its windows stay together in slots, not packed rows)."""
-    from bert_tf.pretrained import FinetuneError
+    from bert_tf.errors import ConfigError
     from bert_tf.runners.classifier import ClassifierRunConfig, ClassifierTask
 
     def task(aggregation, training=None, regression=False):
@@ -237,11 +238,11 @@ def test_window_training_settings_that_cannot_run_fail_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^--window_training must be one of each, aggregate, each_then_aggregate, "
                                          r"each_then_calibrate, clean_negatives, got 'both'$"):
         task("any", "both")
-    with pytest.raises(FinetuneError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
+    with pytest.raises(ConfigError, match=r"^--window_aggregation=any needs labels .* this task is a regression$"):
         task("any", regression=True)
     assert task("max", regression=True).window_training == "each"  # nothing to calibrate
     for training in ("each_then_calibrate", "clean_negatives"):
-        with pytest.raises(FinetuneError, match=rf"^--window_training={training} needs labels, one meaning "
+        with pytest.raises(ConfigError, match=rf"^--window_training={training} needs labels, one meaning "
                                                 r"'found nowhere' \(--absent_label\); this task is a regression$"):
             task("max", training, regression=True)
     assert task("max", "clean_negatives").not_packable.startswith(

@@ -6,6 +6,7 @@ import logging
 import math
 import re
 
+from bert_tf.errors import InputDataError
 from bert_tf.progress import PROGRESS_SECONDS, Progress, format_eta, format_rate, next_mark, tenth_marks
 from bert_tf.training.host_calls import FIRST_CALL_STEPS, GROWTH, MULTI_WORKER_STEPS, CallSizer
 
@@ -191,10 +192,10 @@ def test_a_running_beam_job_logs_its_counters_until_it_ends_and_its_error_is_rai
     assert len(lines) == 3 and all(re.fullmatch(r"job running for 0h00m00s: documents [\d,]+ \(\S+/s\)", line)
                                    for line in lines), lines
     assert lines[-1].startswith("job running for 0h00m00s: documents 3,600 ")
-    failing = Job(common.BeamJobError("input_file: bad"))
+    failing = Job(InputDataError("input_file: bad"))
     failing.finish.set()
     start = time.monotonic()
-    with pytest.raises(common.BeamJobError, match="input_file: bad"):
+    with pytest.raises(InputDataError, match="input_file: bad"):
         common.wait_while_reporting(failing, every_seconds=10)
     assert time.monotonic() - start < 5  # a job that ends returns at once, not after every_seconds
 

@@ -33,10 +33,10 @@ from test_training_loop import TOY_SOURCE
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job, schema
+from bert_tf.errors import TrainingError
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import run_pretraining
 from bert_tf.runners.pretraining_config import PretrainingConfig
-from bert_tf.training import errors
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
 
@@ -258,7 +258,7 @@ def test_no_usable_checkpoint_is_one_line_not_a_fresh_start(toy_reference, tmp_p
     for step in (3, 6, 9, 12):
         _truncate_data(model_dir, step)
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
-    with pytest.raises(errors.CheckpointRestoreError) as info:
+    with pytest.raises(TrainingError) as info:
         trainer.train(TOY["dataset_fn"])
     # Truncated data is damage, not another model: the message says so and does not send the user elsewhere.
     assert str(info.value).startswith(f"{model_dir}: none of its 4 checkpoint(s) can be restored "
@@ -342,7 +342,7 @@ def test_disk_full_during_a_checkpoint_write(toy_reference, tmp_path):
     good = _digest(model_dir, 6)
     size = os.path.getsize(glob.glob(os.path.join(model_dir, "ckpt-6.data-*"))[0])
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
-    with file_size_limit(size // 2), pytest.raises(errors.CheckpointWriteError) as info:
+    with file_size_limit(size // 2), pytest.raises(TrainingError) as info:
         trainer.train(TOY["dataset_fn"])
     message = str(info.value)
     assert message.startswith(f"{model_dir}: cannot write checkpoint ckpt-9 (") and "\n" not in message
@@ -382,7 +382,7 @@ def test_real_disk_full_during_training(toy_reference, full_disk):
             f.write(b"\0" * 4096)
     trainer = TOY["make_trainer"](model_dir, save_checkpoints_steps=3)
     # The summary writer fails first (logged, training goes on); the checkpoint write stops the run.
-    with pytest.raises(errors.CheckpointWriteError) as info:
+    with pytest.raises(TrainingError) as info:
         trainer.train(TOY["dataset_fn"])
     d = re.escape(model_dir)
     assert re.fullmatch(rf"{d}: cannot write checkpoint ckpt-9 \({d}/ckpt-9_temp/\S+; No space left on device\); "
@@ -530,7 +530,8 @@ def test_overwrite_never_deletes_the_init_checkpoint(script, data, pretrained_di
 
 def test_finetuning_output_dir_of_another_model_is_refused(tmp_path):
     from bert_tf.configs import TaskRecord
-    from bert_tf.model_dir import ModelDirError, write_finetuned
+    from bert_tf.errors import CheckpointError
+    from bert_tf.model_dir import write_finetuned
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n")
@@ -540,7 +541,7 @@ def test_finetuning_output_dir_of_another_model_is_refused(tmp_path):
     write_finetuned(str(out), small, str(vocab), record, do_lower_case=True, max_seq_length=32)
     (out / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')  # a run's checkpoints are there
     bigger = small.replace(hidden_size=32, num_hidden_layers=2)
-    with pytest.raises(ModelDirError, match=r"holds the checkpoints of a run with a different bert_config "
+    with pytest.raises(CheckpointError, match=r"holds the checkpoints of a run with a different bert_config "
                        r"\(hidden_size, num_hidden_layers\); use a new --output_dir or pass --overwrite_output_dir"):
         write_finetuned(str(out), bigger, str(vocab), record, do_lower_case=True, max_seq_length=32)
     assert BertConfig.from_json_file(str(out / "bert_config.json")) == small

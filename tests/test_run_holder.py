@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO, TESTDATA, run_script_main, tiny_pretraining_folder
 
 from bert_tf import run_holder
-from bert_tf.run_holder import HOLDER_FILE, OutputDirHeld, RunHolder, holding, process_start
+from bert_tf.errors import OutputDirHeld
+from bert_tf.run_holder import HOLDER_FILE, RunHolder, holding, process_start
 
 HOST = socket.gethostname()
 

@@ -233,8 +233,8 @@ def _bad_data(data_dir, tmp_path, case):
 
 @pytest.mark.parametrize("case", ["missing", "columns", "label"])
 def test_bad_input_raises_and_leaves_output_alone(settings, data_dir, tmp_path, case):
+    from bert_tf.errors import InputDataError
     from bert_tf.runners.ner import NerRunConfig, run
-    from bert_tf.tasks import TaskDataError
 
     bad, message = _bad_data(data_dir, tmp_path, case)
     out = tmp_path / "out"
@@ -242,7 +242,7 @@ def test_bad_input_raises_and_leaves_output_alone(settings, data_dir, tmp_path, 
     (out / "keep.txt").write_text("precious")
     cfg = NerRunConfig(data_dir=str(bad), output_dir=str(out), run=settings, max_seq_length=MAX_SEQ_LENGTH,
                        do_train=True, do_eval=True)
-    with pytest.raises(TaskDataError, match=message):
+    with pytest.raises(InputDataError, match=message):
         run(cfg)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 

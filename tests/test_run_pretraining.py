@@ -15,9 +15,10 @@ from conftest import out_of_memory_command, run_command, run_script_main, tiny_p
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import pipelines, pretraining_job
+from bert_tf.errors import ConfigError, InputDataError
 from bert_tf.resources import SAMPLE_CORPUS
 from bert_tf.runners.pretraining import build_trainer, run_pretraining
-from bert_tf.runners.pretraining_config import PretrainingConfig, PretrainingError
+from bert_tf.runners.pretraining_config import PretrainingConfig
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
 
@@ -118,7 +119,7 @@ def test_packed_rows_under_xla_learn_with_one_compilation(data, tmp_path):
         assert evaluator._eval_fn.experimental_get_tracing_count() == 1, packed
     for key in ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy", "next_sentence_loss"):
         assert results[True][key] == pytest.approx(results[False][key], rel=1e-4), key
-    with pytest.raises(PretrainingError, match="pack_sequences needs a bidirectional objective"):
+    with pytest.raises(ConfigError, match="pack_sequences needs a bidirectional objective"):
         PretrainingConfig(bert_config=config.bert_config, input_files=config.input_files, output_dir=str(tmp_path),
                           max_seq_length=2 * SEQ, max_predictions_per_seq=2 * PREDS, do_train=True, objective="ltr",
                           pack_sequences=True).validate()
@@ -126,7 +127,7 @@ def test_packed_rows_under_xla_learn_with_one_compilation(data, tmp_path):
 
 def test_record_length_mismatch_is_one_line(data):
     path = str(data / "train.tfrecord")
-    with pytest.raises(pipelines.InputDataError) as info:
+    with pytest.raises(InputDataError) as info:
         pipelines.check_record_lengths(path, 128, 20)
     assert str(info.value) == (f"{path}: records were written with max_seq_length=32 (flag says 128), "
                                f"max_predictions_per_seq=5 (flag says 20); pass the values the data was created with")

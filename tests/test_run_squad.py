@@ -17,7 +17,8 @@ import sys
 import pytest
 from conftest import CPU_ONLY, REPO, TESTDATA, run_script, run_script_main
 
-from bert_tf.tasks import TaskDataError, squad, squad_metrics
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import squad, squad_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -278,7 +279,7 @@ def test_read_inputs_on_real_layouts(shared):
     inputs = read_inputs(v2)
     assert len(inputs.train_examples) == 2 and len(inputs.predict_examples) == 14
     assert inputs.dev_data is not None  # answers and is_impossible everywhere: evaluated
-    with pytest.raises(TaskDataError, match="pass --version_2_with_negative"):
+    with pytest.raises(InputDataError, match="pass --version_2_with_negative"):
         read_inputs(SquadRunConfig(output_dir="unused", do_predict=True, predict_file=v2.predict_file))
     for name in ("reference/fixture_dev-v2.0_answerable_as_v1.1.json", "xquad/xquad.zh.json"):
         v1 = SquadRunConfig(output_dir="unused", do_eval=True, predict_file=str(squad_dir / name))

@@ -171,8 +171,8 @@ def _bad_data(data_dir, tmp_path, case):
 
 @pytest.mark.parametrize("case", ["missing", "columns", "label", "no_label"])
 def test_bad_input_raises_and_leaves_output_alone(settings, data_dir, tmp_path, case):
+    from bert_tf.errors import InputDataError
     from bert_tf.runners.swag import SwagRunConfig, run
-    from bert_tf.tasks import TaskDataError
 
     bad, message = _bad_data(data_dir, tmp_path, case)
     out = tmp_path / "out"
@@ -180,7 +180,7 @@ def test_bad_input_raises_and_leaves_output_alone(settings, data_dir, tmp_path, 
     (out / "keep.txt").write_text("precious")
     cfg = SwagRunConfig(data_dir=str(bad), output_dir=str(out), run=settings, max_seq_length=32, do_train=True,
                         do_eval=True)
-    with pytest.raises(TaskDataError, match=message):
+    with pytest.raises(InputDataError, match=message):
         run(cfg)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert (out / "keep.txt").read_text() == "precious"

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, shared_path
 
-from bert_tf.tasks import TaskDataError, squad
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import squad
 from bert_tf.tokenization import FullTokenizer
 
 TINY = str(TESTDATA / "squad_tiny_v2.json")
@@ -78,7 +79,7 @@ def _one_question(context, qa):
 def test_answer_start_that_does_not_match_the_text_is_an_error(tmp_path):
     path = _write_json(tmp_path, _one_question(
         "Paris is in France.", {"id": "q7", "question": "Where?", "answers": [{"text": "France", "answer_start": 3}]}))
-    with pytest.raises(TaskDataError, match=r"bad\.json: question q7: answer_start 3 does not point at"):
+    with pytest.raises(InputDataError, match=r"bad\.json: question q7: answer_start 3 does not point at"):
         squad.read_squad_examples(path, is_training=True)
     # The original's behaviour (drop the question) on request, and eval does not need positions.
     assert squad.read_squad_examples(path, is_training=True, skip_mismatched_answers=True) == []
@@ -99,18 +100,18 @@ def test_answer_start_that_does_not_match_the_text_is_an_error(tmp_path):
     ],
 )
 def test_malformed_squad_files_name_the_place(tmp_path, payload, message):
-    with pytest.raises(TaskDataError, match=message):
+    with pytest.raises(InputDataError, match=message):
         squad.read_squad_examples(_write_json(tmp_path, payload), is_training=True)
 
 
 def test_invalid_json_and_bytes(tmp_path):
     bad_json = tmp_path / "broken.json"
     bad_json.write_text('{"data": [\n  {"paragraphs": ]}', encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"broken\.json:2:\d+: not valid JSON"):
+    with pytest.raises(InputDataError, match=r"broken\.json:2:\d+: not valid JSON"):
         squad.read_squad_examples(str(bad_json), is_training=False)
     bad_bytes = tmp_path / "latin1.json"
     bad_bytes.write_bytes(b'{"data": [],\n "title": "caf\xe9"}')
-    with pytest.raises(TaskDataError, match=r"latin1\.json:2: byte 0xe9 is not valid UTF-8"):
+    with pytest.raises(InputDataError, match=r"latin1\.json:2: byte 0xe9 is not valid UTF-8"):
         squad.read_squad_examples(str(bad_bytes), is_training=False)
 
 

@@ -5,7 +5,8 @@ import json
 import pytest
 from conftest import run_script, shared_path
 
-from bert_tf.tasks import TaskDataError, squad_metrics
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import squad_metrics
 
 
 def _dataset(questions):
@@ -111,9 +112,9 @@ def test_recommended_threshold_splits_between_null_odds():
 
 def test_v2_missing_prediction_or_probability_is_an_error():
     data = _dataset([("h1", ["cat"]), ("n1", [])])
-    with pytest.raises(TaskDataError, match="no prediction for question id n1"):
+    with pytest.raises(InputDataError, match="no prediction for question id n1"):
         squad_metrics.evaluate_v2(data, {"h1": "cat"})
-    with pytest.raises(TaskDataError, match="no probability for question id n1"):
+    with pytest.raises(InputDataError, match="no probability for question id n1"):
         squad_metrics.evaluate_v2(data, {"h1": "cat", "n1": ""}, {"h1": 0.5})
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, TINY_VOCAB, shared_path
 
-from bert_tf.tasks import TaskDataError, swag
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import swag
 from bert_tf.tokenization import FullTokenizer
 
 TINY = str(TESTDATA / "swag_tiny.csv")
@@ -55,13 +56,13 @@ def test_unlabeled_test_file_and_errors(tmp_path):
     [example] = swag.read_swag_examples(str(path))
     assert example.label is None and example.endings == ("a", "b", "c", "d")
     path.write_text(header + ",label\n7,v,1,x,A cat.,The,gold,a,b,c,d,4\n", encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"test\.csv:2: expected a label 0\.\.3, found '4'"):
+    with pytest.raises(InputDataError, match=r"test\.csv:2: expected a label 0\.\.3, found '4'"):
         swag.read_swag_examples(str(path))
     path.write_text(header + "\n7,v,1,x,A cat.,The,gold,a,b,c\n", encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"test\.csv:2: expected 11 comma-separated columns"):
+    with pytest.raises(InputDataError, match=r"test\.csv:2: expected 11 comma-separated columns"):
         swag.read_swag_examples(str(path))
     path.write_text(",video-id,sent1\n", encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"test\.csv:1: header has no column 'sent2'"):
+    with pytest.raises(InputDataError, match=r"test\.csv:1: header has no column 'sent2'"):
         swag.read_swag_examples(str(path))
 
 

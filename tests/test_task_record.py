@@ -6,7 +6,8 @@ import json
 import pytest
 
 from bert_tf import model_dir
-from bert_tf.configs import BertConfig, ConfigError, TaskRecord
+from bert_tf.configs import BertConfig, TaskRecord
+from bert_tf.errors import CheckpointError, ConfigError
 
 TINY = BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
                   max_position_embeddings=16)
@@ -40,7 +41,7 @@ def test_record_round_trips_through_bert_tf_info(tmp_path):
 def test_a_record_of_the_wrong_kind_is_one_line(info, message):
     with pytest.raises(ConfigError, match=message):
         TaskRecord.from_info(info)
-    with pytest.raises(model_dir.ModelDirError, match=message):  # as restore, export and predict see it
+    with pytest.raises(CheckpointError, match=message):  # as restore, export and predict see it
         model_dir.build_task_model(TINY, info)
 
 
@@ -55,7 +56,7 @@ def test_resuming_another_task_is_refused_and_settings_are_not_matched(tmp_path)
     # a setting (windows) may change between runs; the labels and the task may not
     model_dir.check_matches(str(tmp_path), TaskRecord("classification", task="user", label_list=("no", "yes"),
                                                       long_inputs="windows", doc_stride=32), TINY)
-    with pytest.raises(model_dir.ModelDirError, match=r"holds a run with label_list=\['no', 'yes'\], not \['yes', 'no'\]"):
+    with pytest.raises(CheckpointError, match=r"holds a run with label_list=\['no', 'yes'\], not \['yes', 'no'\]"):
         model_dir.check_matches(str(tmp_path), TaskRecord("classification", task="user", label_list=("yes", "no")))
-    with pytest.raises(model_dir.ModelDirError, match="holds a run with task_type='classification', not 'tagging'"):
+    with pytest.raises(CheckpointError, match="holds a run with task_type='classification', not 'tagging'"):
         model_dir.check_matches(str(tmp_path), TaskRecord("tagging", task="ner", label_list=("O",)))

@@ -3,7 +3,8 @@
 import pytest
 from conftest import shared_path
 
-from bert_tf.tokenization import BasicTokenizer, FullTokenizer, VocabError, WordpieceTokenizer, load_vocab
+from bert_tf.errors import InputDataError
+from bert_tf.tokenization import BasicTokenizer, FullTokenizer, WordpieceTokenizer, load_vocab
 from bert_tf.tokenization.full import is_control, is_punctuation, is_whitespace
 
 GOLDEN_VOCAB = ["[UNK]", "[CLS]", "[SEP]", "want", "##want", "##ed", "wa", "un", "runn", "##ing", ","]
@@ -95,13 +96,13 @@ def test_real_vocab_examples():
 
 
 def test_vocab_errors(tmp_path):
-    with pytest.raises(VocabError, match="not found"):
+    with pytest.raises(InputDataError, match="not found"):
         load_vocab(str(tmp_path / "missing.txt"))
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"[PAD]\n\xff\xfe\n")
-    with pytest.raises(VocabError, match="not UTF-8"):
+    with pytest.raises(InputDataError, match="not UTF-8"):
         load_vocab(str(bad))
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    with pytest.raises(VocabError, match="empty"):
+    with pytest.raises(InputDataError, match="empty"):
         load_vocab(str(empty))

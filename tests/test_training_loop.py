@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf.training import errors, loop
+from bert_tf.errors import ConfigError, TrainingError, TrainingPreempted
+from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training.settings import TrainSettings
@@ -136,7 +137,7 @@ def test_non_finite_loss_stops_naming_the_step(tmp_path):
         return dict(e, y=tf.where(i == 100, np.nan, e["y"]))
 
     trainer = make_trainer(str(tmp_path))  # noqa: F821
-    with pytest.raises(errors.NonFiniteLossError, match=r"loss is nan at step 7; stopped without saving "
+    with pytest.raises(TrainingError, match=r"loss is nan at step 7; stopped without saving "
                        r"\(last good checkpoint: .*ckpt-6\)"):
         trainer.train(lambda ctx, b: dataset_fn(ctx, b, on_element=poison))  # noqa: F821
     assert _ckpt_steps(str(tmp_path)) == [6]
@@ -156,7 +157,7 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     # py_function makes the input unserializable, so the input position is not checkpointed here.
     trainer = make_trainer(str(tmp_path), save_checkpoints_steps=100, steps=30,  # noqa: F821
                            checkpoint_input_pipeline=False)
-    with pytest.raises(errors.TrainingPreempted) as info:
+    with pytest.raises(TrainingPreempted) as info:
         trainer.train(lambda ctx, b: dataset_fn(ctx, b, on_element=send_sigterm))  # noqa: F821
     # The input pipeline prefetches, so the signal lands while loop 1 or loop 2 runs: the trainer
     # finishes that loop (3 steps per host call) and saves there, never mid-loop, never later.
@@ -213,21 +214,21 @@ def test_the_head_learns_at_its_own_rate(tmp_path, head_learning_rate):
 
 
 def test_strategy_errors_are_one_line(monkeypatch):
-    with pytest.raises(strategy_lib.StrategyError, match="needs --tpu_name"):
+    with pytest.raises(ConfigError, match="needs --tpu_name"):
         strategy_lib.get_strategy("tpu")
-    with pytest.raises(strategy_lib.StrategyError, match="unknown distribution_strategy 'gpu'"):
+    with pytest.raises(ConfigError, match="unknown distribution_strategy 'gpu'"):
         strategy_lib.get_strategy("gpu")
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(strategy_lib.StrategyError, match="needs TF_CONFIG"):
+    with pytest.raises(ConfigError, match="needs TF_CONFIG"):
         strategy_lib.get_strategy("multi_worker")
     monkeypatch.setenv("TF_CONFIG", "{not json")
-    with pytest.raises(strategy_lib.StrategyError, match="TF_CONFIG is not valid JSON"):
+    with pytest.raises(ConfigError, match="TF_CONFIG is not valid JSON"):
         strategy_lib.get_strategy("multi_worker")
 
 
 def test_tpu_resolver_failure_is_one_line():
     # No TPU on this machine: the cluster resolver fails, and the message is one line naming the TPU.
-    with pytest.raises(strategy_lib.StrategyError) as info:
+    with pytest.raises(ConfigError) as info:
         strategy_lib.get_strategy("tpu", tpu="local")
     assert "\n" not in str(info.value) and str(info.value).startswith("cannot reach TPU 'local': ")
 

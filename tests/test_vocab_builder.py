@@ -7,6 +7,7 @@ import pytest
 from conftest import run_script, shared_path
 
 from bert_tf.data.pretraining_job import make_tokenizer, read_vocab
+from bert_tf.errors import InputDataError
 from bert_tf.tokenization import vocab_builder
 from bert_tf.tokenization.full import WordpieceTokenizer
 
@@ -158,7 +159,7 @@ def test_extend_vocab_keeps_old_ids_and_fills_only_unused_slots():
     after = vocab_builder.word_stats(extended, words)["pieces_per_word"]
     assert after < before
     assert vocab_builder.extend_vocab(base, words, max_new_tokens=3)[1] == new[:3]
-    with pytest.raises(vocab_builder.VocabExtensionError, match="no \\[unusedN\\] slots"):
+    with pytest.raises(InputDataError, match="no \\[unusedN\\] slots"):
         vocab_builder.extend_vocab([t for t in base if not t.startswith("[unused")], words)
 
 
@@ -174,7 +175,7 @@ def test_extension_json_round_trip_and_tokenizer(tmp_path):
     stale = list(extended)
     stale[new[0].id] = base[new[0].id]
     vocab_builder.write_vocab(str(path), stale)
-    with pytest.raises(vocab_builder.VocabExtensionError, match="the JSON belongs to another vocab"):
+    with pytest.raises(InputDataError, match="the JSON belongs to another vocab"):
         vocab_builder.read_extension(str(path))
     assert vocab_builder.read_extension(str(tmp_path / "no_extension.txt")) == []
 

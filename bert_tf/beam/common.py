@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
+from bert_tf.errors import CheckpointError, ConfigError, ExportError, InputDataError
 from bert_tf.progress import PROGRESS_SECONDS, format_eta, format_rate
 
 logger = logging.getLogger("bert_tf.beam")
@@ -30,8 +31,7 @@ DIRECT_RUNNERS = ("directrunner", "direct", "switchingdirectrunner")
 LOCAL_RUNNER = "FnApiRunner"
 
 
-class BeamJobError(ValueError):
-    """A bad input found inside a pipeline; the message is one line that names the file."""
+BeamJobError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_workers: int = 0) -> PipelineOptions:
@@ -46,7 +46,7 @@ def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_worker
     name = runner or "DirectRunner"
     check_runner(name)
     if num_workers < 0:
-        raise BeamJobError(f"--num_workers: must be >= 0 (0: all cores), got {num_workers}")
+        raise InputDataError(f"--num_workers: must be >= 0 (0: all cores), got {num_workers}")
     if name.lower() in DIRECT_RUNNERS:
         name = LOCAL_RUNNER
         direct = options.view_as(DirectOptions)
@@ -62,22 +62,22 @@ def pipeline_options(beam_args: Sequence[str], runner: Optional[str], num_worker
 
 
 def check_runner(name: str) -> None:
-    """Raises BeamJobError (one line) unless Beam can make a runner of this --runner value: one of its
+    """Raises InputDataError (one line) unless Beam can make a runner of this --runner value: one of its
     known names (any case, "Runner" optional, as Beam reads them) or a PipelineRunner class's dotted
     path that imports. Beam itself would fail later with a long traceback."""
     known = {n.lower() for n in StandardOptions.KNOWN_RUNNER_NAMES}
     if name.lower() in known or name.lower() + "runner" in known:
         return
     if "." not in name:
-        raise BeamJobError(f"--runner={name}: not a Beam runner (one of {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, "
+        raise InputDataError(f"--runner={name}: not a Beam runner (one of {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, "
                            "or the dotted path of a PipelineRunner class)")
     module, _, attribute = name.rpartition(".")
     try:
         found = getattr(importlib.import_module(module), attribute, None)
     except ImportError as e:
-        raise BeamJobError(f"--runner={name}: cannot import {module} ({e})") from None
+        raise InputDataError(f"--runner={name}: cannot import {module} ({e})") from None
     if found is None:
-        raise BeamJobError(f"--runner={name}: {module} has no {attribute}")
+        raise InputDataError(f"--runner={name}: {module} has no {attribute}")
 
 
 def is_local(options: PipelineOptions) -> bool:
@@ -97,7 +97,7 @@ def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
         except ValueError as e:  # Beam's validation of a remote runner's options: one problem per line
             problems = [line.strip().rstrip(".") for line in str(e).splitlines()[1:] if line.strip()]
             runner = options.view_as(StandardOptions).runner
-            raise BeamJobError(f"--runner={runner}: {'; '.join(problems) or str(e)} "
+            raise InputDataError(f"--runner={runner}: {'; '.join(problems) or str(e)} "
                                "(Beam pipeline options such as --project, --region, --temp_location)") from None
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.transforms.environments import SubprocessSDKEnvironment
@@ -120,21 +120,21 @@ def quiet_local_logs() -> None:
     logging.getLogger("apache_beam.runners.worker").setLevel(logging.CRITICAL)
 
 
-_ERROR_LINE = re.compile(r"(?:BeamJobError|InputError|PretrainingDataError|VocabError|VocabExtensionError|PredictError|"
-                         r"CheckpointError|ConfigError): (.+?)"
-                         r"(?: \[while running '[^']*'\])*$", re.M)
+# A bert_tf error raised in a worker reaches the launcher as text (its traceback), "<Class>: <message>".
+_ERROR_LINE = re.compile(rf"(?:{'|'.join(c.__name__ for c in (InputDataError, ConfigError, CheckpointError, ExportError))}): "
+                         r"(.+?)(?: \[while running '[^']*'\])*$", re.M)
 
 
 def job_error(exc: BaseException) -> Optional[str]:
     """The one-line message of a bert_tf error raised inside a pipeline (runners wrap it), or None."""
-    if isinstance(exc, BeamJobError):
+    if isinstance(exc, InputDataError):
         return str(exc)
     match = _ERROR_LINE.search(str(exc))
     return match.group(1).strip() if match else None
 
 
 def run(pipeline: beam.Pipeline):
-    """Runs a built pipeline to the end (returns its result); a bert_tf error inside it raises BeamJobError.
+    """Runs a built pipeline to the end (returns its result); a bert_tf error inside it raises InputDataError.
     A runner whose run() returns while the job runs (Dataflow, Flink, ...) gets a progress line every
     PROGRESS_SECONDS (wait_while_reporting); the local runner returns once the job is done."""
     try:
@@ -145,7 +145,7 @@ def run(pipeline: beam.Pipeline):
         message = job_error(e)
         if message is None:
             raise
-        raise BeamJobError(message) from None
+        raise InputDataError(message) from None
 
 
 def wait_while_reporting(result, every_seconds: float = PROGRESS_SECONDS, clock=time.monotonic) -> None:

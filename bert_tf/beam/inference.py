@@ -28,6 +28,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 
 from bert_tf.beam import common
 from bert_tf.data import text_input
+from bert_tf.errors import ExportError, InputDataError
 
 logger = logging.getLogger("bert_tf.beam")
 
@@ -49,8 +50,8 @@ def _read_chunks(item, read: Callable, chunk_rows: int) -> Iterator[Chunk]:
             if len(rows) == chunk_rows:
                 yield Chunk((file_index, start), rows)
                 start, rows = start + chunk_rows, []
-    except (ValueError, OSError) as e:  # PredictError, a malformed line, an unreadable file
-        raise common.BeamJobError(str(e) if str(e).startswith(path) else f"{path}: {e}") from None
+    except (ValueError, OSError) as e:  # ExportError, a malformed line, an unreadable file
+        raise InputDataError(str(e) if str(e).startswith(path) else f"{path}: {e}") from None
     if rows:
         yield Chunk((file_index, start), rows)
 
@@ -113,13 +114,10 @@ def run_inference(load: Callable, read: Callable, input_pattern: str, output_fil
                   num_workers: int = 0):
     """Runs `load`ed model over the rows `read` gives for every input file; returns a summary."""
     if batch_size < 1 or num_output_shards < 1:
-        raise common.BeamJobError("batch_size and num_output_shards must be >= 1")
-    try:
-        input_files = text_input.expand_input_patterns(input_pattern)
-        for path in input_files:
-            text_input.check_readable(path)
-    except text_input.InputError as e:
-        raise common.BeamJobError(str(e)) from None
+        raise InputDataError("batch_size and num_output_shards must be >= 1")
+    input_files = text_input.expand_input_patterns(input_pattern)
+    for path in input_files:
+        text_input.check_readable(path)
     paths = common.sharded_paths(output_file, num_output_shards)
     options = common.pipeline_options(beam_args, runner, num_workers)
     if common.is_local(options):
@@ -151,8 +149,8 @@ def run_predict(export_dir: str, input_pattern: str, output_file: str, batch_siz
 
     try:
         predictor.check_export(export_dir)
-    except predictor.PredictError as e:
-        raise common.BeamJobError(str(e)) from None
+    except ExportError as e:
+        raise InputDataError(str(e)) from None
     return run_inference(_LoadPredictor(export_dir), predictor.iter_rows, input_pattern, output_file, batch_size,
                          num_output_shards, beam_args, runner, num_workers)
 

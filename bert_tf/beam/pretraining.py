@@ -29,6 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from bert_tf.beam import common
 from bert_tf.data import pretraining_job, schema, text_input
+from bert_tf.errors import InputDataError
 
 logger = logging.getLogger("bert_tf.beam")
 
@@ -41,10 +42,7 @@ def _block_path(temp_dir: str, key: Tuple[int, int]) -> str:
 
 def _read_blocks(item: Tuple[int, str], input_format: str, block_bytes: int) -> Iterator[text_input.Block]:
     file_index, path = item
-    try:
-        yield from text_input.iter_file_blocks(path, file_index, input_format, block_bytes)
-    except text_input.InputError as e:
-        raise common.BeamJobError(str(e)) from None
+    yield from text_input.iter_file_blocks(path, file_index, input_format, block_bytes)
 
 
 class _Instances(beam.DoFn):
@@ -116,7 +114,7 @@ class _NotEmpty:
 
     def __call__(self, total: int) -> None:
         if total == 0:
-            raise common.BeamJobError(str(pretraining_job.empty_corpus_error(self.input_files)))
+            raise InputDataError(str(pretraining_job.empty_corpus_error(self.input_files)))
 
 
 def build(pipeline: beam.Pipeline, config: pretraining_job.PretrainingDataConfig, vocab: Dict[str, int],
@@ -139,7 +137,7 @@ def build(pipeline: beam.Pipeline, config: pretraining_job.PretrainingDataConfig
 def run(config: pretraining_job.PretrainingDataConfig, beam_args: Sequence[str] = (), runner=None) -> Dict:
     """Checks everything the local tool checks, runs the pipeline, returns a summary.
 
-    Raises PretrainingDataError or BeamJobError (one line); no final output exists unless all of it was written.
+    Raises InputDataError (one line); no final output exists unless all of it was written.
     """
     vocab, input_files, paths = pretraining_job.prepare(config)
     for path in input_files:  # an unreadable file fails here, before any worker starts

@@ -16,6 +16,7 @@ import apache_beam as beam
 
 from bert_tf.beam import common
 from bert_tf.data import text_input
+from bert_tf.errors import InputDataError
 from bert_tf.tokenization import vocab_builder
 
 logger = logging.getLogger("bert_tf.beam")
@@ -23,12 +24,9 @@ logger = logging.getLogger("bert_tf.beam")
 
 def _file_words(path: str, input_format: str, do_lower_case: bool, strip_accents: Optional[bool],
                 line_prefix_regex: Optional[str]) -> Iterator[Tuple[str, int]]:
-    try:
-        chunks = vocab_builder.count_chunks(
-            (line for doc in text_input.read_file_documents(path, input_format) for line in doc.lines),
-            line_prefix_regex)
-    except text_input.InputError as e:
-        raise common.BeamJobError(str(e)) from None
+    chunks = vocab_builder.count_chunks(
+        (line for doc in text_input.read_file_documents(path, input_format) for line in doc.lines),
+        line_prefix_regex)
     yield from vocab_builder.chunk_words(chunks, do_lower_case, strip_accents).items()
 
 
@@ -36,14 +34,14 @@ def _make_vocab(counts: List[Tuple[str, int]], settings: vocab_builder.VocabSett
     try:
         vocab = vocab_builder.make_vocab(dict(sorted(counts)), settings, logger, source)
     except ValueError as e:
-        raise common.BeamJobError(str(e)) from None
+        raise InputDataError(str(e)) from None
     yield len(vocab)
 
 
 def run(input_files: List[str], input_format: str, do_lower_case: bool, strip_accents: Optional[bool],
         line_prefix_regex: Optional[str], settings: vocab_builder.VocabSettings, beam_args: Sequence[str] = (),
         runner: Optional[str] = None, num_workers: int = 0) -> None:
-    """Counts on Beam and writes settings.vocab_file; raises BeamJobError (one line) on bad input."""
+    """Counts on Beam and writes settings.vocab_file; raises InputDataError (one line) on bad input."""
     for path in input_files:
         text_input.check_readable(path)
     options = common.pipeline_options(beam_args, runner, num_workers)

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf.data.pretraining import KEEP_TOKEN_PROB, MASK_TOKEN_PROB
+from bert_tf.errors import InputDataError
 
 # Evaluation draws its masks with this seed whatever the training seed: the same masks on every
 # run over the same eval files and eval batch size, so eval curves of different runs compare.
@@ -41,8 +42,7 @@ EVAL_MASK_SEED = 20181011  # (BERT's arXiv date)
 _ORDER, _CHOICE, _RANDOM_ID = 0, 1, 2
 
 
-class MaskingError(ValueError):
-    """A vocab or setting dynamic masking cannot use; the message is one line."""
+MaskingError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +64,12 @@ class MaskingOptions:
 
 def options_from_vocab(vocab: Dict[str, int], max_predictions_per_seq: int, masked_lm_prob: float = 0.15,
                        do_whole_word_mask: bool = False, vocab_file: str = "vocab") -> MaskingOptions:
-    """MaskingOptions from a token -> id vocab; MaskingError naming the file when a special token is missing."""
+    """MaskingOptions from a token -> id vocab; InputDataError naming the file when a special token is missing."""
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
-        raise MaskingError(f"{vocab_file}: no {', '.join(missing)} token; dynamic masking needs [CLS], [SEP] and [MASK]")
+        raise InputDataError(f"{vocab_file}: no {', '.join(missing)} token; dynamic masking needs [CLS], [SEP] and [MASK]")
     if not 0.0 < masked_lm_prob <= 1.0:
-        raise MaskingError(f"masked_lm_prob must be in (0, 1], got {masked_lm_prob}")
+        raise InputDataError(f"masked_lm_prob must be in (0, 1], got {masked_lm_prob}")
     size = max(vocab.values()) + 1
     is_continuation = np.zeros(size, dtype=bool)
     for token, i in vocab.items():

@@ -23,16 +23,13 @@ import tensorflow as tf
 
 from bert_tf import fileio
 from bert_tf.data import masking, schema
+from bert_tf.errors import InputDataError
 
 # Records held for shuffling after the interleave (the original used 100 on top of
 # shuffling the files; a larger buffer mixes better when there are few files).
 SHUFFLE_BUFFER_SIZE = 1000
 # Files read concurrently per input pipeline (the original's cycle_length cap).
 CYCLE_LENGTH = 4
-
-
-class InputDataError(ValueError):
-    """Input files missing, unreadable, or not matching the flags."""
 
 
 def expand_input_files(patterns: Union[str, Sequence[str]]) -> List[str]:

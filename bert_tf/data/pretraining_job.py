@@ -34,8 +34,9 @@ import numpy as np
 
 from bert_tf import fileio, tokenization
 from bert_tf.data import pretraining, schema, text_input
+from bert_tf.errors import InputDataError
 from bert_tf.progress import format_eta
-from bert_tf.tokenization import VocabError, check_special_tokens, load_vocab
+from bert_tf.tokenization import check_special_tokens, load_vocab
 
 logger = logging.getLogger("bert_tf.data")
 
@@ -46,8 +47,7 @@ REQUIRED_TOKENS = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PROGRESS_SECONDS = 10.0
 
 
-class PretrainingDataError(ValueError):
-    """Bad flags or inputs for create_pretraining_data; the message is one line."""
+PretrainingDataError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def read_vocab(vocab_file: str) -> Dict[str, int]:
     try:
         vocab = load_vocab(vocab_file)
         check_special_tokens(vocab, vocab_file, REQUIRED_TOKENS)
-    except VocabError as e:
-        raise PretrainingDataError(f"vocab_file: {e}") from None
+    except InputDataError as e:
+        raise InputDataError(f"vocab_file: {e}") from None
     return dict(vocab)
 
 
@@ -189,7 +189,7 @@ def output_paths(config: PretrainingDataConfig) -> List[str]:
     """The files written: each comma-separated output_file, or N shards of it with --num_output_shards N."""
     paths = [p.strip() for p in config.output_file.split(",") if p.strip()]
     if not paths:
-        raise PretrainingDataError("output_file: no output file given")
+        raise InputDataError("output_file: no output file given")
     n = config.num_output_shards
     if n > 1:
         paths = [f"{p}-{i:05d}-of-{n:05d}" for p in paths for i in range(n)]
@@ -200,27 +200,24 @@ def _check_config(config: PretrainingDataConfig) -> None:
     try:
         config.instance_options.validate()
     except ValueError as e:
-        raise PretrainingDataError(str(e)) from None
+        raise InputDataError(str(e)) from None
     if config.masking not in schema.MASKINGS:
-        raise PretrainingDataError(f"masking: expected one of {', '.join(schema.MASKINGS)}, got {config.masking!r}")
+        raise InputDataError(f"masking: expected one of {', '.join(schema.MASKINGS)}, got {config.masking!r}")
     if config.dupe_factor < 1:
-        raise PretrainingDataError(f"dupe_factor: must be >= 1, got {config.dupe_factor}")
+        raise InputDataError(f"dupe_factor: must be >= 1, got {config.dupe_factor}")
     if config.num_output_shards < 1:
-        raise PretrainingDataError(f"num_output_shards: must be >= 1, got {config.num_output_shards}")
+        raise InputDataError(f"num_output_shards: must be >= 1, got {config.num_output_shards}")
     if config.block_bytes < 1 or config.shuffle_buffer_size < 1:
-        raise PretrainingDataError("block_bytes and shuffle_buffer_size must be >= 1")
+        raise InputDataError("block_bytes and shuffle_buffer_size must be >= 1")
     if config.num_workers < 0:
-        raise PretrainingDataError(f"num_workers: must be >= 0 (0: all cores), got {config.num_workers}")
+        raise InputDataError(f"num_workers: must be >= 0 (0: all cores), got {config.num_workers}")
 
 
 def prepare(config: PretrainingDataConfig):
     """Checks flags, vocab, inputs and output directories before any work: (vocab, input files, output paths)."""
     _check_config(config)
     vocab = read_vocab(config.vocab_file)
-    try:
-        input_files = text_input.expand_input_patterns(config.input_file)
-    except text_input.InputError as e:
-        raise PretrainingDataError(str(e)) from None
+    input_files = text_input.expand_input_patterns(config.input_file)
     paths = output_paths(config)
     for p in paths:  # missing local folders are made, as `mkdir -p` (a bucket has none to make)
         if fileio.is_remote(p):
@@ -228,12 +225,12 @@ def prepare(config: PretrainingDataConfig):
         try:
             fileio.make_parent_dirs(os.path.abspath(p))
         except OSError as e:
-            raise PretrainingDataError(f"output_file: {e}") from None
+            raise InputDataError(f"output_file: {e}") from None
     return vocab, input_files, paths
 
 
-def empty_corpus_error(input_files: List[str]) -> PretrainingDataError:
-    return PretrainingDataError(f"input_file: no text found in {', '.join(input_files)} (empty corpus)")
+def empty_corpus_error(input_files: List[str]) -> InputDataError:
+    return InputDataError(f"input_file: no text found in {', '.join(input_files)} (empty corpus)")
 
 
 class _Progress:
@@ -262,7 +259,7 @@ class _Progress:
 def create_pretraining_data(config: PretrainingDataConfig) -> Dict[str, object]:
     """Writes the pretraining TFRecords; returns a summary (files, instances, documents, seconds).
 
-    Raises PretrainingDataError (one line) on bad flags or inputs; outputs are
+    Raises InputDataError (one line) on bad flags or inputs; outputs are
     written under temporary names and renamed only when everything succeeded.
     """
     vocab, input_files, paths = prepare(config)

@@ -21,12 +21,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Sequence, Tuple
 
+from bert_tf.errors import InputDataError
+
 LINES, WIKI, AUTO = "lines", "wiki", "auto"
 INPUT_FORMATS = (AUTO, LINES, WIKI)
 
 
-class InputError(ValueError):
-    """Input files that cannot be used."""
+InputError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def expand_input_patterns(patterns: str) -> List[str]:
@@ -43,10 +44,10 @@ def expand_input_patterns(patterns: str) -> List[str]:
             matches = sorted(glob.glob(os.path.expanduser(pattern)))
             matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
-            raise InputError(f"input_file: {pattern!r} matches no file")
+            raise InputDataError(f"input_file: {pattern!r} matches no file")
         files.extend(matches)
     if not files:
-        raise InputError("input_file: no input files given")
+        raise InputDataError("input_file: no input files given")
     return files
 
 
@@ -61,12 +62,12 @@ def _open_text(path: str):
     return open(path, "r", encoding="utf-8", errors="ignore")
 
 
-def unreadable(path: str, error: BaseException) -> InputError:
-    return InputError(f"{path}: cannot read it ({' '.join(str(error).split()) or type(error).__name__})")
+def unreadable(path: str, error: BaseException) -> InputDataError:
+    return InputDataError(f"{path}: cannot read it ({' '.join(str(error).split()) or type(error).__name__})")
 
 
 def check_readable(path: str) -> None:
-    """Raises InputError naming the file when it cannot be opened and read."""
+    """Raises InputDataError naming the file when it cannot be opened and read."""
     try:
         with _open_text(path) as f:
             f.read(1)
@@ -107,13 +108,13 @@ def _read_wiki_format(f, path: str) -> Iterator[List[str]]:
         line = line.strip()
         if _DOC_OPEN.match(line):
             if inside:
-                raise InputError(f"{path}:{line_number}: <doc> opened inside another <doc>")
+                raise InputDataError(f"{path}:{line_number}: <doc> opened inside another <doc>")
             inside, doc = True, []
             match = _TITLE.search(line)
             title = match.group(1) if match else None
         elif line == "</doc>":
             if not inside:
-                raise InputError(f"{path}:{line_number}: </doc> without <doc>")
+                raise InputDataError(f"{path}:{line_number}: </doc> without <doc>")
             inside = False
             if doc:
                 yield doc
@@ -146,7 +147,7 @@ def read_documents(paths: Sequence[str], input_format: str = AUTO) -> Iterator[R
 def read_file_documents(path: str, input_format: str = AUTO) -> Iterator[RawDocument]:
     """Documents of one file in order."""
     if input_format not in INPUT_FORMATS:
-        raise InputError(f"input_format: expected one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        raise InputDataError(f"input_format: expected one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
     try:
         fmt = detect_format(path) if input_format == AUTO else input_format
         with _open_text(path) as f:

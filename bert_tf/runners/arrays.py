@@ -13,7 +13,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.pretrained import FinetuneError
+from bert_tf.errors import ConfigError
 from bert_tf.runners.shapes import choose_lengths, example_lengths
 
 # Batches are padded up to a multiple of this under dynamic padding: few distinct
@@ -180,7 +180,7 @@ class Predictor:
         inputs = {k: np.asarray(arrays[k]) for k in input_keys}
         n = len(inputs["input_ids"])
         if not n:
-            raise FinetuneError("nothing to predict: no examples")
+            raise ConfigError("nothing to predict: no examples")
         full = inputs["input_ids"].shape[-1]
         cut = self.dynamic_padding or self.length_buckets > 0
         if self.length_buckets:
@@ -198,7 +198,7 @@ class Predictor:
 
         replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
         if batch_size % replicas:
-            raise FinetuneError(f"batch size {batch_size} must be a multiple of the {replicas} replicas")
+            raise ConfigError(f"batch size {batch_size} must be a multiple of the {replicas} replicas")
         fill = not self.dynamic_padding or self.length_buckets > 0 or self.strategy is not None
         chunks = []
         for start in range(0, n, batch_size):

@@ -53,9 +53,10 @@ import tensorflow as tf
 
 from bert_tf import fileio, model_dir, run_holder
 from bert_tf.configs import TaskRecord, read_run_info
+from bert_tf.errors import ConfigError
 from bert_tf.fileio import write_text_atomic
 from bert_tf.models.task_models import POOLINGS
-from bert_tf.pretrained import FinetuneError, resolve_pretrained
+from bert_tf.pretrained import resolve_pretrained
 from bert_tf.runners import arrays
 from bert_tf.runners.common import check_packing, make_trainer, mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
@@ -101,12 +102,12 @@ def resolve_pooling(asked: Optional[str], output_dir: str, pretrained) -> str:
     else `asked`, else the starting checkpoint's own (Pretrained.pooling: a sentence-transformers folder
     that averages its tokens says "mean"), else "cls". Asking for another than the held run's is one line."""
     if asked is not None and asked not in POOLINGS:
-        raise FinetuneError(f"--pooling must be one of {', '.join(POOLINGS)}, got {asked!r}")
+        raise ConfigError(f"--pooling must be one of {', '.join(POOLINGS)}, got {asked!r}")
     info = read_run_info(output_dir)
     held = (info.get("pooling") or "cls") if info.get("task_type") in ("classification", "regression") and \
         model_dir.has_checkpoint(output_dir) else None
     if held and asked and asked != held:
-        raise FinetuneError(f"{output_dir}: holds a run trained with --pooling={held}, not {asked}; "
+        raise ConfigError(f"{output_dir}: holds a run trained with --pooling={held}, not {asked}; "
                             "use a new --output_dir")
     return held or asked or pretrained.pooling or "cls"
 
@@ -148,7 +149,7 @@ class ClassifierTask(FinetuneTask):
             if self.windows else None
         if cfg.task.is_regression and self.window_training in FIRST_LABEL_TRAINING:
             if cfg.window_training is not None:
-                raise FinetuneError(f"--window_training={self.window_training} needs labels, one meaning "
+                raise ConfigError(f"--window_training={self.window_training} needs labels, one meaning "
                                     "'found nowhere' (--absent_label); this task is a regression")
             self.window_training = "each"  # max's default, for a task with labels
         self.recorded_training = recorded_training or self.window_training
@@ -161,7 +162,7 @@ class ClassifierTask(FinetuneTask):
         self.task_type = "regression" if self.spec.is_regression else "classification"
         self.pooling = cfg.pooling or "cls"  # resolved in setup
         if self.windows and cfg.window_aggregation == "any" and self.spec.is_regression:
-            raise FinetuneError("--window_aggregation=any needs labels (one meaning 'found nowhere': --absent_label); "
+            raise ConfigError("--window_aggregation=any needs labels (one meaning 'found nowhere': --absent_label); "
                                 "this task is a regression")
 
     def _infer_labels(self):
@@ -200,11 +201,11 @@ class ClassifierTask(FinetuneTask):
         return data
 
     def read_split(self, split):
-        """`split`'s examples; TaskDataError for a missing or malformed file, FinetuneError for an empty one."""
+        """`split`'s examples; InputDataError for a missing or malformed file, ConfigError for an empty one."""
         self._infer_labels()
         examples = self.spec.read_examples(self.cfg.data_dir, split)
         if not examples:
-            raise FinetuneError(f"{os.path.join(self.cfg.data_dir, self.spec.split(split).filename)}: no examples")
+            raise ConfigError(f"{os.path.join(self.cfg.data_dir, self.spec.split(split).filename)}: no examples")
         return examples
 
     def _featurize(self, split, tokenizer):
@@ -347,13 +348,13 @@ def with_ordered_labels(cfg: ClassifierRunConfig) -> ClassifierRunConfig:
     """cfg with its task's labels in the order the run uses (bert_tf.tasks.absent_label.order_labels: the absent
     label first) and, where the window settings trust it or it is named, absent_label set to it. Named:
     cfg.absent_label, else what output_dir's bert_tf_info.json records, else the first of listed labels;
-    a run that trusts it with labels read from train.tsv and none named is a one-line FinetuneError."""
+    a run that trusts it with labels read from train.tsv and none named is a one-line ConfigError."""
     trusted_by = trusting_setting(cfg.long_inputs, cfg.window_aggregation, cfg.window_training)
     try:
         spec = order_labels(cfg.task, cfg.data_dir, cfg.absent_label, trusted_by,
                             read_run_info(cfg.output_dir).get("absent_label"))
     except ValueError as e:
-        raise FinetuneError(str(e)) from None
+        raise ConfigError(str(e)) from None
     absent = spec.labels[0] if spec.labels and (trusted_by or cfg.absent_label) else None
     return dataclasses.replace(cfg, task=spec, absent_label=absent)
 
@@ -363,10 +364,10 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
     cfg = with_ordered_labels(cfg)  # before any work: a needed absent label that is not named is one line
     task = ClassifierTask(cfg)
     if task.window_training in IN_SLOTS and cfg.do_train and cfg.run is not None and cfg.run.aux_lm_weight:
-        raise FinetuneError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
+        raise ConfigError(f"--aux_lm_weight cannot be combined with --window_training={task.window_training}")
     if task.window_training in TWO_STAGES and cfg.do_train:
         if cfg.early_stopping:
-            raise FinetuneError(f"--early_stopping does not apply to --window_training={task.window_training}: "
+            raise ConfigError(f"--early_stopping does not apply to --window_training={task.window_training}: "
                                 "its stages train without evaluating")
         if cfg.run is not None:  # what the second stage would refuse, refused before the first trains
             check_packing(task, cfg.run)
@@ -379,7 +380,7 @@ def run(cfg: ClassifierRunConfig) -> Dict[str, Dict[str, float]]:
             task.read_split(split)
         held = read_run_info(cfg.output_dir).get("window_training")
         if model_dir.has_checkpoint(cfg.output_dir) and held != task.window_training:
-            raise FinetuneError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
+            raise ConfigError(f"{cfg.output_dir}: holds a run with window_training={held!r}, not "
                                 f"{task.window_training!r}; use a new --output_dir")
         with _holding(cfg):  # output_dir held across both stages, not only while each one trains
             return run_in_two_stages(cfg, task.window_training)

@@ -29,9 +29,9 @@ import tensorflow as tf
 
 from bert_tf import model_dir, run_holder
 from bert_tf.data.packing import pack_examples
+from bert_tf.errors import ConfigError
 from bert_tf.model_dir import EVAL_DIR, write_eval_results
 from bert_tf.models.encoder import PACKED_INPUT_NAMES
-from bert_tf.pretrained import FinetuneError
 from bert_tf.runners import arrays, shapes
 from bert_tf.runners.settings import RunSettings
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
@@ -80,19 +80,19 @@ def mean_xent(logits: np.ndarray, labels: np.ndarray) -> float:
 def check_request(cfg: FinetuneConfig) -> None:
     """Something to do, sizes that can be run, and a sequence length the model can hold."""
     if not (cfg.do_train or cfg.do_eval or cfg.do_predict):
-        raise FinetuneError("at least one of --do_train, --do_eval or --do_predict must be set")
+        raise ConfigError("at least one of --do_train, --do_eval or --do_predict must be set")
     for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "predict_batch_size"):
         if getattr(cfg, name) < 1:
-            raise FinetuneError(f"--{name} must be >= 1, got {getattr(cfg, name)}")
+            raise ConfigError(f"--{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.do_train and not cfg.num_train_epochs > 0:
-        raise FinetuneError(f"--num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+        raise ConfigError(f"--num_train_epochs must be > 0, got {cfg.num_train_epochs}")
     if not 0 <= cfg.warmup_proportion <= 1:
-        raise FinetuneError(f"--warmup_proportion must be in [0, 1], got {cfg.warmup_proportion}")
+        raise ConfigError(f"--warmup_proportion must be in [0, 1], got {cfg.warmup_proportion}")
     if cfg.early_stopping < 0:
-        raise FinetuneError(f"--early_stopping must be >= 0 (evaluations without improvement), got {cfg.early_stopping}")
+        raise ConfigError(f"--early_stopping must be >= 0 (evaluations without improvement), got {cfg.early_stopping}")
     limit = cfg.run.pretrained.config.max_position_embeddings
     if cfg.max_seq_length > limit:
-        raise FinetuneError(
+        raise ConfigError(
             f"max_seq_length {cfg.max_seq_length} is longer than the model's max_position_embeddings {limit}")
 
 
@@ -102,11 +102,11 @@ def check_early_stopping(cfg: FinetuneConfig, task: FinetuneTask) -> None:
     if not cfg.early_stopping:
         return
     if not cfg.do_train:
-        raise FinetuneError("--early_stopping stops training: it needs --do_train")
+        raise ConfigError("--early_stopping stops training: it needs --do_train")
     if not task.eval_splits:
-        raise FinetuneError("--early_stopping needs a dev set to evaluate during training; this run has none")
+        raise ConfigError("--early_stopping needs a dev set to evaluate during training; this run has none")
     if cfg.eval_every_steps == 0 or (cfg.eval_every_steps is None and not cfg.do_eval):
-        raise FinetuneError("--early_stopping needs evaluations during training: add --do_eval (one per epoch) "
+        raise ConfigError("--early_stopping needs evaluations during training: add --do_eval (one per epoch) "
                             "or --eval_every_steps=N")
 
 
@@ -115,20 +115,20 @@ def check_packing(task: FinetuneTask, settings: RunSettings) -> None:
     if not settings.pack_sequences:
         return
     if task.not_packable:
-        raise FinetuneError(f"--pack_sequences does not apply here: {task.not_packable}")
+        raise ConfigError(f"--pack_sequences does not apply here: {task.not_packable}")
     if settings.pretrained.causal:
-        raise FinetuneError("--pack_sequences needs a bidirectional model; this checkpoint is left-to-right")
+        raise ConfigError("--pack_sequences needs a bidirectional model; this checkpoint is left-to-right")
     if settings.aux_lm_weight:
-        raise FinetuneError("--pack_sequences cannot be combined with --aux_lm_weight")
+        raise ConfigError("--pack_sequences cannot be combined with --aux_lm_weight")
     if settings.max_sequences_per_row < 1:
-        raise FinetuneError(f"max_sequences_per_row must be >= 1, got {settings.max_sequences_per_row}")
+        raise ConfigError(f"max_sequences_per_row must be >= 1, got {settings.max_sequences_per_row}")
 
 
 def check_length_buckets(settings: RunSettings) -> int:
     """The number of static lengths batches are cut to (0: none): length_buckets without packing or
     dynamic padding, which shape batches their own way."""
     if settings.length_buckets < 0:
-        raise FinetuneError(f"length_buckets must be >= 0, got {settings.length_buckets}")
+        raise ConfigError(f"length_buckets must be >= 0, got {settings.length_buckets}")
     return 0 if settings.pack_sequences or settings.dynamic_padding else settings.length_buckets
 
 
@@ -174,7 +174,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> Dict[str, Dict[st
     """Trains / evaluates / predicts as `cfg` asks; returns {split: results} of what was scored."""
     # 1. the request, and output_dir holds no other run
     if cfg.run is None:
-        raise FinetuneError(f"{type(cfg).__name__}.run (the RunSettings) is required to run")
+        raise ConfigError(f"{type(cfg).__name__}.run (the RunSettings) is required to run")
     check_request(cfg)
     with run_holder.holding(cfg.output_dir, chief=is_chief(cfg.run.strategy)):  # raises OutputDirHeld (one line)
         return _run_held(task, cfg)

@@ -37,12 +37,12 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf.configs import TaskRecord, read_run_info
+from bert_tf.errors import ConfigError, InputDataError
 from bert_tf.models.feature_tagger import DEFAULT_FEATURE_LAYERS
 from bert_tf.models.layer_combination import parse_layer_combination
-from bert_tf.pretrained import FinetuneError
 from bert_tf.runners.common import mean_xent, run_finetuning
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
-from bert_tf.tasks import IGNORE_LABEL_ID, TaskDataError, conll
+from bert_tf.tasks import IGNORE_LABEL_ID, conll
 
 logger = logging.getLogger("bert_tf.ner")
 
@@ -107,7 +107,7 @@ def read_split(data_dir: str, split: str) -> List[conll.NerExample]:
     path = split_path(data_dir, split)
     examples = conll.read_conll(path, has_labels=False)
     if not examples:
-        raise TaskDataError(f"{path}: no sentences (expected 'word ... NER-tag' lines)")
+        raise InputDataError(f"{path}: no sentences (expected 'word ... NER-tag' lines)")
     tagged = all(len(columns) >= 2 for e in examples for columns in e.columns)
     if split != "test" or tagged:
         examples = conll.read_conll(path, has_labels=True)
@@ -123,7 +123,7 @@ def _resolve_labels(cfg: NerRunConfig, train_examples) -> Tuple[Tuple[str, ...],
     """
     if cfg.labels:
         if len(set(cfg.labels)) != len(cfg.labels):
-            raise FinetuneError(f"--labels has a repeated tag: {', '.join(cfg.labels)}")
+            raise ConfigError(f"--labels has a repeated tag: {', '.join(cfg.labels)}")
         return tuple(cfg.labels), None
     info = read_run_info(cfg.output_dir) if tf.io.gfile.isdir(cfg.output_dir) else {}
     if not cfg.do_train and info.get("task_type") == NerTask.task_type and info.get("label_list"):
@@ -149,7 +149,7 @@ class NerTask(FinetuneTask):
 
     def __init__(self, cfg: NerRunConfig):
         if cfg.doc_stride < 0:
-            raise FinetuneError(f"--doc_stride must be positive (or 0: windows of whole words), got {cfg.doc_stride}")
+            raise ConfigError(f"--doc_stride must be positive (or 0: windows of whole words), got {cfg.doc_stride}")
         self.cfg = cfg
         if cfg.feature_based:
             self.not_packable = "the feature-based BiLSTM reads a whole row as one sentence"
@@ -174,10 +174,10 @@ class NerTask(FinetuneTask):
         try:
             features = conll.convert_examples_to_features(examples, self.labels, cfg.max_seq_length, tokenizer,
                                                           doc_stride=cfg.doc_stride)
-        except TaskDataError as e:
+        except InputDataError as e:
             if split == "train" or self.labels_from is None:
                 raise
-            raise TaskDataError(f"{e}; the tag set was read from {self.labels_from}: pass the full set with "
+            raise InputDataError(f"{e}; the tag set was read from {self.labels_from}: pass the full set with "
                                 "--labels") from None
         return Featurized(examples, conll.features_to_arrays(features, cfg.max_seq_length), len(features), features)
 

@@ -40,18 +40,18 @@ from typing import Dict, Optional, Sequence
 import tensorflow as tf
 
 from bert_tf import fileio, model_dir, pretrained, run_holder
-from bert_tf.configs import ConfigError, read_run_info, write_run_info
+from bert_tf.configs import read_run_info, write_run_info
 from bert_tf.data import masking, packing, pipelines, schema
 from bert_tf.data.pretraining import max_predictions_needed
+from bert_tf.errors import ConfigError, InputDataError
 from bert_tf.models.language_model import LeftToRightPretrainer
 from bert_tf.models.pretrainer import BertPretrainer
 from bert_tf.runners.pretraining_config import (
     DEFAULT_MASKED_LM_PROB,
     OBJECTIVES,
     PretrainingConfig,
-    PretrainingError,
 )
-from bert_tf.tokenization import VocabError, load_vocab
+from bert_tf.tokenization import load_vocab
 from bert_tf.training import loop
 from bert_tf.training import optimizer as optimizer_lib
 from bert_tf.training.device_memory import device_name, one_line_when_out_of_memory
@@ -95,13 +95,13 @@ def _check_output_dir(config: PretrainingConfig) -> None:
     """Refuses an output_dir that holds a run of another bert_config or objective (reads only)."""
     out = config.output_dir
     if model_dir.config_changes(out, config.bert_config):
-        raise PretrainingError(
+        raise ConfigError(
             f"{model_dir.config_path(out)}: output_dir holds a run with a different bert_config; use a new "
             "output_dir or pass --overwrite_output_dir"
         )
     recorded = read_run_info(out).get("objective")
     if recorded in OBJECTIVES and recorded != config.objective and model_dir.has_checkpoint(out):
-        raise PretrainingError(
+        raise ConfigError(
             f"{out}: holds a run with objective {recorded}, not {config.objective}; use a new output_dir"
         )
 
@@ -137,14 +137,14 @@ def resolve_init_checkpoint(init_checkpoint: str, bert_config_file: Optional[str
     What is not given comes from the checkpoint's folder as for fine-tuning (bert_config.json or
     config.json, vocab.txt, the recorded casing); without a vocab anywhere the vocab file is None
     (the records hold token ids, as for the original); a --do_lower_case that contradicts the recorded
-    casing is an error. Raises PretrainingError (one line).
+    casing is an error. Raises ConfigError (one line).
     """
     try:
         start = pretrained.resolve_pretrained(init_checkpoint, bert_config_file, vocab_file, require_vocab=False)
         if do_lower_case is not None:
             pretrained.check_lower_case(start, do_lower_case)
-    except (pretrained.FinetuneError, ConfigError, VocabError) as e:
-        raise PretrainingError(str(e).strip().splitlines()[0]) from None
+    except (ConfigError, InputDataError) as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
     casing = do_lower_case if do_lower_case is not None else start.do_lower_case
     return start.config, start.vocab_file, casing, start.init_checkpoint, start.gradient_checkpointing
 
@@ -161,7 +161,7 @@ def _init_fn(config: PretrainingConfig):
             message = str(e).strip().splitlines()[0]
             if not message.startswith(init_checkpoint):
                 message = f"{init_checkpoint}: {message}"
-            raise PretrainingError(message) from None
+            raise ConfigError(message) from None
         names = [f"{pretrained.PRETRAINING_HEADS[h][0]} ({pretrained.PRETRAINING_HEADS[h][1]}*)"
                  for h in started.fresh_heads]
         logger.info("initialised from %s (%s); optimizer state and step start fresh; %s", init_checkpoint,
@@ -220,7 +220,7 @@ def _naming_corrupt_files(files):
         corrupt = pipelines.find_corrupt_files(files)
         where = (pipelines.describe_corrupt(corrupt[0]) if corrupt
                  else f"corrupt input data in {', '.join(files)} ({str(e).strip().splitlines()[0]})")
-        raise pipelines.InputDataError(f"{where}; pass --skip_corrupt_records to read past it") from None
+        raise InputDataError(f"{where}; pass --skip_corrupt_records to read past it") from None
 
 
 def max_token_id(path: str, limit: int = VOCAB_SCAN_RECORDS, first_ids: Optional[set] = None) -> int:
@@ -244,7 +244,7 @@ def _check_token_ids(config: PretrainingConfig, files) -> None:
     for path in files:
         largest = max_token_id(path)
         if largest >= size:
-            raise PretrainingError(
+            raise ConfigError(
                 f"{path}: token id {largest} but {config.init_checkpoint} has vocab_size {size}; the data was "
                 "made with another vocab than the checkpoint's")
 
@@ -253,9 +253,8 @@ def run_pretraining(config: PretrainingConfig, strategy: tf.distribute.Strategy)
     """Trains and/or evaluates as `config` says, a checked config (PretrainingConfig.validate: the script
     checks it before TensorFlow loads). Returns the eval results (None without do_eval).
 
-    Raises PretrainingError / pipelines.InputDataError (one line) on bad input, run_holder.OutputDirHeld
-    (one line) when another live run holds output_dir,
-    errors.NonFiniteLossError on a NaN loss, errors.TrainingPreempted after SIGTERM (bert_tf/training/errors.py).
+    Raises (bert_tf/errors.py) ConfigError / InputDataError on bad input, OutputDirHeld when another live run
+    holds output_dir, TrainingError on a NaN loss, TrainingPreempted after SIGTERM; each message one line.
     """
     # 1. the data: every file's first record, before anything is written
     train_files, eval_files, (train_masks, eval_masks) = _check_inputs(config)
@@ -277,7 +276,7 @@ def _check_inputs(config: PretrainingConfig):
     options are None for records with masks (_masking_options)."""
     train_files = list(config.input_files)
     if not train_files:
-        raise PretrainingError("input_file matched no files")
+        raise ConfigError("input_file matched no files")
     eval_files = list(config.eval_input_files or train_files)
     all_files = sorted(set(train_files) | set(eval_files))
     unreadable = set()
@@ -314,42 +313,42 @@ def _masking_options(config: PretrainingConfig, file_sets, kinds):
         found = {kinds[p] for p in files if p in kinds}
         if len(found) > 1:
             static = next(p for p in files if kinds.get(p) == schema.STATIC)
-            raise PretrainingError(
+            raise ConfigError(
                 f"{flag}: mixes records with masks ({static}) and without ({next(p for p in files if p in dynamic)}, "
                 "create_pretraining_data.py --masking=dynamic); use records of one kind")
         if found and config.masking != "auto" and found != {config.masking}:
             kind = found.pop()
-            raise PretrainingError(
+            raise ConfigError(
                 f"{files[0]}: records {'without' if kind == schema.DYNAMIC else 'with'} masks "
                 f"(create_pretraining_data.py --masking={kind}), but masking={config.masking} was asked")
     if not dynamic:
         if config.do_whole_word_mask or config.masked_lm_prob != DEFAULT_MASKED_LM_PROB:
-            raise PretrainingError(
+            raise ConfigError(
                 "do_whole_word_mask and masked_lm_prob apply to records without masks; these records hold theirs "
                 f"({next(iter(kinds), 'input_file')}): set them in create_pretraining_data.py")
         return [None for _ in file_sets]
     if not config.vocab_file:
-        raise PretrainingError(f"{dynamic[0]}: records without masks need vocab_file (the [MASK] id, the special "
+        raise ConfigError(f"{dynamic[0]}: records without masks need vocab_file (the [MASK] id, the special "
                                "tokens and the ## pieces come from it)")
     needed = max_predictions_needed(config.max_seq_length, config.masked_lm_prob)
     if config.max_predictions_per_seq < needed:
-        raise PretrainingError(
+        raise ConfigError(
             f"max_predictions_per_seq {config.max_predictions_per_seq} is too small for max_seq_length "
             f"{config.max_seq_length} * masked_lm_prob {config.masked_lm_prob}; set it to at least {needed}")
     try:
         vocab = load_vocab(config.vocab_file)
         options = masking.options_from_vocab(vocab, config.max_predictions_per_seq, config.masked_lm_prob,
                                              config.do_whole_word_mask, config.vocab_file)
-    except (VocabError, masking.MaskingError) as e:
-        raise PretrainingError(str(e)) from None
+    except InputDataError as e:
+        raise ConfigError(str(e)) from None
     for path in dynamic:
         first_ids: set = set()
         largest = max_token_id(path, first_ids=first_ids)
         if largest >= options.vocab_size:
-            raise PretrainingError(f"{path}: token id {largest} but {config.vocab_file} has {options.vocab_size} "
+            raise ConfigError(f"{path}: token id {largest} but {config.vocab_file} has {options.vocab_size} "
                                    "tokens; the records were made with another vocab")
         if first_ids != {options.cls_id}:
-            raise PretrainingError(f"{path}: records start with token id(s) {sorted(first_ids)[:3]}, but "
+            raise ConfigError(f"{path}: records start with token id(s) {sorted(first_ids)[:3]}, but "
                                    f"[CLS] is {options.cls_id} in {config.vocab_file}; the records were made "
                                    "with another vocab")
     return [options if any(kinds.get(p) == schema.DYNAMIC for p in files) else None for files, _ in file_sets]
@@ -402,7 +401,7 @@ def _evaluate(config: PretrainingConfig, trainer: loop.Trainer, eval_files: Sequ
               dynamic_masking: Optional[masking.MaskingOptions] = None) -> Dict[str, float]:
     if not config.do_train:
         if trainer.restore() is None and not config.init_checkpoint:
-            raise PretrainingError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
+            raise ConfigError(f"{config.output_dir}: no checkpoint to evaluate (and no init_checkpoint)")
     with _naming_corrupt_files(eval_files), _out_of_memory(config, trainer, "evaluation"):
         results = trainer.evaluate(_dataset_fn(config, eval_files, is_training=False, dynamic_masking=dynamic_masking),
                                    config.eval_batch_size,

@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 
 from bert_tf.configs import BertConfig
 from bert_tf.data import schema
-from bert_tf.tokenization import VocabError, check_vocab_fits
+from bert_tf.errors import ConfigError, InputDataError
+from bert_tf.tokenization import check_vocab_fits
 from bert_tf.training.settings import TrainSettings
 
 # Pretraining objectives: name -> (what it is, next-sentence head, causal encoder).
@@ -30,8 +31,7 @@ MASKINGS = ("auto", schema.STATIC, schema.DYNAMIC)
 DEFAULT_MASKED_LM_PROB = 0.15
 
 
-class PretrainingError(ValueError):
-    """A pretraining set-up that cannot work; the message is one line."""
+PretrainingError = ConfigError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +82,15 @@ class PretrainingConfig:
         return OBJECTIVES[self.objective][2]
 
     def validate(self) -> None:
-        """One-line PretrainingErrors for a config no run can use: check_values(), then the model's fit."""
+        """One-line ConfigErrors for a config no run can use: check_values(), then the model's fit."""
         self.check_values()
         if self.vocab_file:
             try:
                 check_vocab_fits(self.vocab_file, self.bert_config.vocab_size, self.init_checkpoint)
-            except VocabError as e:
-                raise PretrainingError(str(e)) from None
+            except InputDataError as e:
+                raise ConfigError(str(e)) from None
         if self.max_seq_length > self.bert_config.max_position_embeddings:
-            raise PretrainingError(
+            raise ConfigError(
                 f"max_seq_length {self.max_seq_length} is longer than the model's max_position_embeddings "
                 f"{self.bert_config.max_position_embeddings}"
             )
@@ -98,30 +98,30 @@ class PretrainingConfig:
     def check_values(self) -> None:
         """The checks that need no model config (the gate's, before a --init_checkpoint is read)."""
         if self.objective not in OBJECTIVES:
-            raise PretrainingError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
+            raise ConfigError(f"unknown objective {self.objective!r}; expected one of {', '.join(OBJECTIVES)}")
         if not self.do_train and not self.do_eval:
-            raise PretrainingError("at least one of do_train or do_eval must be True")
+            raise ConfigError("at least one of do_train or do_eval must be True")
         if self.max_predictions_per_seq <= 0 or self.max_predictions_per_seq > self.max_seq_length:
-            raise PretrainingError(
+            raise ConfigError(
                 f"max_predictions_per_seq must be in [1, max_seq_length={self.max_seq_length}], "
                 f"got {self.max_predictions_per_seq}"
             )
         if self.num_warmup_steps < 0 or self.num_warmup_steps > self.num_train_steps:
-            raise PretrainingError(
+            raise ConfigError(
                 f"num_warmup_steps must be in [0, num_train_steps={self.num_train_steps}], got {self.num_warmup_steps}"
             )
         if self.eval_batch_size <= 0 or self.max_eval_steps <= 0:
-            raise PretrainingError("eval_batch_size and max_eval_steps must be positive")
+            raise ConfigError("eval_batch_size and max_eval_steps must be positive")
         if self.pack_sequences and self.causal:
-            raise PretrainingError("pack_sequences needs a bidirectional objective (mlm_nsp or mlm), not "
+            raise ConfigError("pack_sequences needs a bidirectional objective (mlm_nsp or mlm), not "
                                    f"{self.objective!r}")
         if self.masking not in MASKINGS:
-            raise PretrainingError(f"unknown masking {self.masking!r}; expected one of {', '.join(MASKINGS)}")
+            raise ConfigError(f"unknown masking {self.masking!r}; expected one of {', '.join(MASKINGS)}")
         if not 0.0 < self.masked_lm_prob <= 1.0:
-            raise PretrainingError(f"masked_lm_prob must be in (0, 1], got {self.masked_lm_prob}")
+            raise ConfigError(f"masked_lm_prob must be in (0, 1], got {self.masked_lm_prob}")
         if self.max_sequences_per_row is not None and self.max_sequences_per_row < 1:
-            raise PretrainingError(f"max_sequences_per_row must be >= 1, got {self.max_sequences_per_row}")
+            raise ConfigError(f"max_sequences_per_row must be >= 1, got {self.max_sequences_per_row}")
         try:
             self.train.check()
         except ValueError as e:
-            raise PretrainingError(str(e)) from None
+            raise ConfigError(str(e)) from None

@@ -31,8 +31,9 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from bert_tf.configs import TaskRecord
+from bert_tf.errors import InputDataError
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
-from bert_tf.tasks import TaskDataError, squad, squad_metrics
+from bert_tf.tasks import squad, squad_metrics
 
 logger = logging.getLogger("bert_tf.squad")
 
@@ -112,7 +113,7 @@ def _check_version(path: str, data: list, version_2_with_negative: bool) -> None
         return
     for qa in _questions(data):
         if qa.get("is_impossible") is True:
-            raise TaskDataError(f"{path}: question {qa.get('id')} is unanswerable (is_impossible: true), so this is "
+            raise InputDataError(f"{path}: question {qa.get('id')} is unanswerable (is_impossible: true), so this is "
                                 "a SQuAD v2.0 file; pass --version_2_with_negative")
 
 
@@ -129,19 +130,19 @@ def _first_unscorable(data: list, version_2_with_negative: bool) -> Optional[str
 
 
 def _read(path: str, is_training: bool, version_2_with_negative: bool):
-    """(examples, the JSON's "data" list); TaskDataError for unreadable, malformed or mismatched files."""
+    """(examples, the JSON's "data" list); InputDataError for unreadable, malformed or mismatched files."""
     data = squad_metrics.load_json(path, "a SQuAD dataset")
     _check_version(path, data.get("data") if isinstance(data, dict) else None, version_2_with_negative)
     examples = squad.read_squad_examples(path, is_training, version_2_with_negative)
     if not examples:
-        raise TaskDataError(f"{path}: no questions")
+        raise InputDataError(f"{path}: no questions")
     return examples, data["data"]
 
 
 def read_inputs(cfg: SquadRunConfig) -> SquadInputs:
     """Checks the options and reads the train and predict files (plain Python, no TensorFlow).
 
-    Raises ValueError / TaskDataError with a one-line message naming the flag or the file.
+    Raises ValueError / InputDataError with a one-line message naming the flag or the file.
     """
     check_options(cfg)
     train_examples = predict_examples = dev_data = None
@@ -153,7 +154,7 @@ def read_inputs(cfg: SquadRunConfig) -> SquadInputs:
         if missing is None:
             dev_data = data
         elif cfg.do_eval or (cfg.do_train and cfg.eval_every_steps):
-            raise TaskDataError(f"{cfg.predict_file}: question {missing} has no reference answers, so it cannot "
+            raise InputDataError(f"{cfg.predict_file}: question {missing} has no reference answers, so it cannot "
                                 "be evaluated (--do_eval/--eval_every_steps need a dev file with answers)")
     return SquadInputs(train_examples, predict_examples, dev_data)
 

@@ -20,11 +20,12 @@ from typing import Dict
 import numpy as np
 
 from bert_tf.configs import TaskRecord
+from bert_tf.errors import InputDataError
 from bert_tf.fileio import write_text_atomic
 from bert_tf.runners.classifier import classification_loss
 from bert_tf.runners.common import mean_xent, run_finetuning, softmax
 from bert_tf.runners.task import Featurized, FinetuneConfig, FinetuneTask
-from bert_tf.tasks import TaskDataError, swag
+from bert_tf.tasks import swag
 
 logger = logging.getLogger("bert_tf.swag")
 
@@ -68,7 +69,7 @@ class SwagTask(FinetuneTask):
         path = os.path.join(self.cfg.data_dir, SPLIT_FILES[split])
         examples = swag.read_swag_examples(path, has_labels=True if split != "test" else None)
         if not examples:
-            raise TaskDataError(f"{path}: no examples (expected SWAG rows after the header)")
+            raise InputDataError(f"{path}: no examples (expected SWAG rows after the header)")
         features = swag.convert_examples_to_features(examples, self.cfg.max_seq_length, tokenizer)
         return Featurized(examples, swag.features_to_arrays(features, self.cfg.max_seq_length), len(examples))
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import ServingModule, ServingOptionsError, ids_specs, our_names, string_spec
+from bert_tf.errors import ExportError
+from bert_tf.serving.module import ServingModule, ids_specs, our_names, string_spec
 
 
 class ClassifierServing(ServingModule):
@@ -24,7 +25,7 @@ class ClassifierServing(ServingModule):
     @classmethod
     def check_options(cls, options):
         if not cls.regression and not options.label_list:
-            raise ServingOptionsError("classification export needs a label_list")
+            raise ExportError("classification export needs a label_list")
 
     def _outputs(self, hub):
         return self._from_logits(tf.cast(self._model(our_names(hub)), tf.float32))  # [B, L]

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from bert_tf.errors import ExportError
 from bert_tf.serving.tokenizer import InGraphTokenizer, pack_pair
 from bert_tf.tasks.squad import DEFAULT_MAX_ANSWER_LENGTH, DEFAULT_MAX_QUERY_LENGTH
 
@@ -43,8 +44,7 @@ def pad_positions(x: tf.Tensor, length) -> tf.Tensor:
     return tf.pad(x, paddings)
 
 
-class ServingOptionsError(ValueError):
-    """Export options a serving module cannot work with; the message is one line."""
+ServingOptionsError = ExportError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ class ServingModule(tf.Module):
 
     @classmethod
     def check_options(cls, options: ServingOptions) -> None:
-        """Raises ServingOptionsError when `options` lack what this task type needs."""
+        """Raises ExportError when `options` lack what this task type needs."""
 
     @classmethod
     def metadata_entries(cls, options: ServingOptions) -> dict:

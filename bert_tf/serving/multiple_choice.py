@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import ServingModule, ServingOptionsError, ids_specs, our_names, string_spec
+from bert_tf.errors import ExportError
+from bert_tf.serving.module import ServingModule, ids_specs, our_names, string_spec
 
 
 class MultipleChoiceServing(ServingModule):
@@ -24,7 +25,7 @@ class MultipleChoiceServing(ServingModule):
     @classmethod
     def check_options(cls, options):
         if not isinstance(options.num_choices, int) or options.num_choices < 2:
-            raise ServingOptionsError(f"multiple_choice export needs num_choices >= 2, got {options.num_choices}")
+            raise ExportError(f"multiple_choice export needs num_choices >= 2, got {options.num_choices}")
 
     def _pack_choices(self, context, choices):
         flat_context = tf.reshape(tf.repeat(context[:, None], self.num_choices, axis=1), [-1])  # [B * C]

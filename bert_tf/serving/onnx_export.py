@@ -38,6 +38,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from bert_tf.errors import ExportError
 from bert_tf.layers.normalization import plain_ops_for_export
 from bert_tf.serving.formats import ONNX_FILE, ONNX_FORMAT
 from bert_tf.serving.module import HUB_INPUTS, our_names
@@ -58,18 +59,17 @@ EXPORT_OUTPUTS = {
 }
 
 
-class OnnxExportError(ValueError):
-    """The ONNX tools are missing or failed; the message is one line."""
+OnnxExportError = ExportError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def check_installed() -> Dict[str, str]:
-    """{package: version} of tf2onnx, onnx and onnxruntime; OnnxExportError naming the install command."""
+    """{package: version} of tf2onnx, onnx and onnxruntime; ExportError naming the install command."""
     versions = {}
     for name in ("tf2onnx", "onnx", "onnxruntime"):
         try:
             module = __import__(name)
         except ImportError:
-            raise OnnxExportError(f"the ONNX export needs {name} (with tf2onnx, onnx and onnxruntime): "
+            raise ExportError(f"the ONNX export needs {name} (with tf2onnx, onnx and onnxruntime): "
                                   f"{INSTALL}") from None
         versions[name] = getattr(module, "__version__", "unknown")
     return versions
@@ -244,7 +244,7 @@ def write_onnx(served, export_type: str, folder: str, config, ids_rank: int = 2,
         try:
             tf2onnx.convert.from_function(function, input_signature=specs, opset=OPSET, output_path=current)
         except Exception as e:  # tf2onnx raises many types; the first line says which op
-            raise OnnxExportError(f"tf2onnx could not convert the {export_type} model: "
+            raise ExportError(f"tf2onnx could not convert the {export_type} model: "
                                   f"{str(e).splitlines()[0][:300]}") from None
         if quantize == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -15,6 +15,7 @@ import json
 import os
 from typing import Iterator, List, Tuple
 
+from bert_tf.errors import ExportError
 from bert_tf.serving.formats import METADATA_FILE, ONNX_FILE, ONNX_FORMAT
 
 CHOICE_SEPARATOR = "|"
@@ -22,8 +23,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz")
 Row = Tuple[str, str]
 
 
-class PredictError(ValueError):
-    """Bad input or model; the message is one line."""
+PredictError = ExportError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def _open_text(path: str):
@@ -32,7 +32,7 @@ def _open_text(path: str):
 
         return tf.io.gfile.GFile(path, "r")
     if not os.path.isfile(path):
-        raise PredictError(f"{path}: input_file not found")
+        raise ExportError(f"{path}: input_file not found")
     return open(path, encoding="utf-8")
 
 
@@ -40,14 +40,14 @@ def _jsonl_row(path: str, number: int, line: str) -> Row:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PredictError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+        raise ExportError(f"{path}:{number}: not a JSON line ({e.msg})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-        raise PredictError(f"{path}:{number}: expected a JSON object with a \"text\" string")
+        raise ExportError(f"{path}:{number}: expected a JSON object with a \"text\" string")
     b = obj.get("text_b", "")
     if isinstance(b, list):
         b = CHOICE_SEPARATOR.join(map(str, b))
     if not isinstance(b, str):
-        raise PredictError(f"{path}:{number}: \"text_b\" must be a string or a list of strings")
+        raise ExportError(f"{path}:{number}: \"text_b\" must be a string or a list of strings")
     return obj["text"], b
 
 
@@ -64,12 +64,12 @@ def iter_rows(path: str) -> Iterator[Row]:
                 continue
             parts = line.split("\t")
             if len(parts) > 2:
-                raise PredictError(f"{path}:{number}: expected text or text<TAB>text_b, got {len(parts)} columns")
+                raise ExportError(f"{path}:{number}: expected text or text<TAB>text_b, got {len(parts)} columns")
             yield parts[0], parts[1] if len(parts) == 2 else ""
 
 
 def check_export(export_dir: str) -> str:
-    """The path of the export's metadata file; PredictError when export_dir is not one of our exports."""
+    """The path of the export's metadata file; ExportError when export_dir is not one of our exports."""
     metadata_file = os.path.join(export_dir, "assets", METADATA_FILE)
     models = [os.path.join(export_dir, name) for name in ("saved_model.pb", ONNX_FILE)]
     if "://" in export_dir:  # gs:// and other TensorFlow file systems
@@ -79,11 +79,11 @@ def check_export(export_dir: str) -> str:
             found = tf.io.gfile.exists(metadata_file) and any(tf.io.gfile.exists(p) for p in models)
         except tf.errors.OpError as e:
             reason = " ".join(e.message.split()).split(" when reading")[0].split("error details: ")[-1]
-            raise PredictError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
+            raise ExportError(f"{export_dir}: cannot reach or read it ({reason[:200]})") from None
     else:
         found = os.path.isfile(metadata_file) and any(os.path.isfile(p) for p in models)
     if not found:
-        raise PredictError(f"{export_dir}: not a SavedModel or ONNX export written by export_savedmodel.py")
+        raise ExportError(f"{export_dir}: not a SavedModel or ONNX export written by export_savedmodel.py")
     return metadata_file
 
 
@@ -105,7 +105,7 @@ def load(export_dir: str):
         try:
             from bert_tf.serving.onnx_predictor import OnnxServe  # lazy: onnxruntime is an optional extra
         except ImportError as e:
-            raise PredictError(f"{export_dir} is an ONNX export; serving it needs {e.name}: "
+            raise ExportError(f"{export_dir} is an ONNX export; serving it needs {e.name}: "
                                'pip install -e ".[onnx]"') from None
         return OnnxServe(export_dir, metadata), metadata
     import tensorflow as tf
@@ -128,7 +128,7 @@ def run_batch(serve, kind, metadata, batch: List[Row]):
         n = metadata["num_choices"]
         choices = [y.split(CHOICE_SEPARATOR) for y in b]
         if any(len(c) != n for c in choices):
-            raise PredictError(f"multiple choice: every input needs {n} choices separated by {CHOICE_SEPARATOR!r}")
+            raise ExportError(f"multiple choice: every input needs {n} choices separated by {CHOICE_SEPARATOR!r}")
         return serve(context=a, choices=choices)
     if kind == "tagging":
         return serve(text=a)

@@ -83,6 +83,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from bert_tf.errors import ExportError
+
 QUANTIZE_MODES = ("int8",)
 WEIGHT_SCALES = ("channel", "tensor")
 # Dense sublayers of a TransformerBlock, as attribute paths.
@@ -114,8 +116,7 @@ METHOD = {
 }
 
 
-class QuantizationError(ValueError):
-    """The runtime or the model cannot be quantized; the message is one line."""
+QuantizationError = ExportError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 RUNTIME_ERROR = (f"int8 export needs TensorFlow's oneDNN int8 matmul ({INT8_OP}), which this runtime does not "
@@ -156,7 +157,7 @@ _RUNTIME_OK = set()  # kernel names that passed check_int8_runtime in this proce
 
 
 def check_int8_runtime() -> None:
-    """Raises QuantizationError unless the int8 matmul runs here and gives the right answer."""
+    """Raises ExportError unless the int8 matmul runs here and gives the right answer."""
     if INT8_OP in _RUNTIME_OK:
         return
 
@@ -172,10 +173,10 @@ def check_int8_runtime() -> None:
         value = probe().numpy()
     except (tf.errors.OpError, RuntimeError, TypeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise QuantizationError(RUNTIME_ERROR.format(why=first)) from None
+        raise ExportError(RUNTIME_ERROR.format(why=first)) from None
     expected = np.array([[1.5, 2 * 3 * WEIGHT_LEVELS], [0.5 + 2 * 255, 2 * 255 * 2 * WEIGHT_LEVELS]], np.float32)
     if value.shape != (2, 2) or not np.allclose(value, expected, rtol=1e-5):
-        raise QuantizationError(RUNTIME_ERROR.format(why=f"it computes {value.tolist()}, not {expected.tolist()}"))
+        raise ExportError(RUNTIME_ERROR.format(why=f"it computes {value.tolist()}, not {expected.tolist()}"))
     _RUNTIME_OK.add(INT8_OP)
 
 
@@ -184,7 +185,7 @@ def quantize_kernel(kernel: np.ndarray, weight_scale: str = "channel") -> Tuple[
     """float [K, N] -> (int8 [K, N] in [-WEIGHT_LEVELS, WEIGHT_LEVELS], float32 max|W|: [N] per column or []
     per tensor); W ~ Wq * max / WEIGHT_LEVELS."""
     if weight_scale not in WEIGHT_SCALES:
-        raise QuantizationError(f"weight_scale {weight_scale!r}; expected one of {', '.join(WEIGHT_SCALES)}")
+        raise ExportError(f"weight_scale {weight_scale!r}; expected one of {', '.join(WEIGHT_SCALES)}")
     w = np.asarray(kernel, np.float32)
     max_abs = np.abs(w).max(axis=0) if weight_scale == "channel" else np.abs(w).max()
     max_abs = np.maximum(max_abs, np.float32(1e-12)).astype(np.float32)  # an all-zero column stays zero
@@ -216,7 +217,7 @@ class Int8Dense:
     def __init__(self, layer, weight_scale: str = "channel", column_groups: int = 1):
         kernel = layer.kernel.numpy()
         if kernel.ndim != 2:
-            raise QuantizationError(f"{layer.name}: kernel of rank {kernel.ndim}; int8 needs a 2-D Dense kernel")
+            raise ExportError(f"{layer.name}: kernel of rank {kernel.ndim}; int8 needs a 2-D Dense kernel")
         self.units = kernel.shape[1]
         self.kernel_q, self.w_max = quantize_kernel(kernel, weight_scale)
         self.bias = layer.bias.numpy().astype(np.float32) if layer.use_bias else np.zeros(self.units, np.float32)
@@ -304,16 +305,16 @@ def block_dense_layers(encoder) -> List[Tuple[str, object]]:
 
     blocks = getattr(encoder, "blocks", None)
     if not blocks:
-        raise QuantizationError(f"{type(encoder).__name__} has no Transformer blocks to quantize")
+        raise ExportError(f"{type(encoder).__name__} has no Transformer blocks to quantize")
     found = []
     for i, block in enumerate(blocks):
         for path in BLOCK_DENSE_PATHS:
             layer = _attribute(block, path)
             if not isinstance(layer, keras.layers.Dense):
-                raise QuantizationError(f"block {i} has no Dense layer {path}; int8 export knows the layout "
+                raise ExportError(f"block {i} has no Dense layer {path}; int8 export knows the layout "
                                         f"{', '.join(BLOCK_DENSE_PATHS)}")
             if layer.dtype_policy.quantization_mode is not None:
-                raise QuantizationError(f"block {i} {path} is already Keras-quantized "
+                raise ExportError(f"block {i} {path} is already Keras-quantized "
                                         f"({layer.dtype_policy.quantization_mode})")
             found.append((f"{block.name}/{path.replace('.', '/')}", layer))
     return found

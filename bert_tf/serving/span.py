@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import (
-    ServingModule,
-    ServingOptionsError,
-    ids_specs,
-    our_names,
-    pad_positions,
-    string_spec,
-)
+from bert_tf.errors import ExportError
+from bert_tf.serving.module import ServingModule, ids_specs, our_names, pad_positions, string_spec
 from bert_tf.serving.tokenizer import pack_pair
 
 
@@ -34,7 +28,7 @@ class SpanServing(ServingModule):
     @classmethod
     def check_options(cls, options):
         if options.max_seq_length <= options.max_query_length + 3:
-            raise ServingOptionsError(f"max_seq_length {options.max_seq_length} leaves no room for a context after "
+            raise ExportError(f"max_seq_length {options.max_seq_length} leaves no room for a context after "
                                       f"max_query_length {options.max_query_length}")
 
     @classmethod

@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.serving.module import (
-    ServingModule,
-    ServingOptionsError,
-    ids_specs,
-    our_names,
-    pad_positions,
-    string_spec,
-)
+from bert_tf.errors import ExportError
+from bert_tf.serving.module import ServingModule, ids_specs, our_names, pad_positions, string_spec
 from bert_tf.serving.tokenizer import pack_pair
 
 
@@ -32,7 +26,7 @@ class TaggingServing(ServingModule):
     @classmethod
     def check_options(cls, options):
         if not options.label_list:
-            raise ServingOptionsError("tagging export needs a label_list")
+            raise ExportError("tagging export needs a label_list")
 
     def _predict(self, hub):
         logits = pad_positions(tf.cast(self._model(our_names(hub)), tf.float32), tf.shape(hub["input_mask"])[1])  # [B, S, L]

@@ -17,9 +17,9 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
+from bert_tf.errors import InputDataError
 
-class TaskDataError(ValueError):
-    """A task file that cannot be read: the message names the file, the line or id, and what was expected."""
+TaskDataError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 # Label id of word pieces (and [CLS]/[SEP]/padding) that carry no label in token
@@ -61,7 +61,7 @@ def padded_arrays(features: Sequence, seq_length: Optional[int] = None, fields: 
 def read_text(path: str) -> str:
     """The contents of a UTF-8 text file (local or gs://), a leading BOM dropped.
 
-    Raises TaskDataError naming the file, and the line of the first byte that is not UTF-8.
+    Raises InputDataError naming the file, and the line of the first byte that is not UTF-8.
     """
     try:
         if "://" in str(path):
@@ -76,17 +76,17 @@ def read_text(path: str) -> str:
             with open(path, "rb") as f:
                 data = f.read()
     except OSError as e:
-        raise TaskDataError(f"{path}: cannot read file ({e.strerror or e})") from None
+        raise InputDataError(f"{path}: cannot read file ({e.strerror or e})") from None
     return decode_utf8(data, path)
 
 
 def decode_utf8(data: bytes, path: str) -> str:
-    """`data` decoded as UTF-8 without a leading BOM; a TaskDataError names the first bad line."""
+    """`data` decoded as UTF-8 without a leading BOM; a InputDataError names the first bad line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise TaskDataError(
+        raise InputDataError(
             f"{path}:{line}: byte 0x{data[e.start]:02x} is not valid UTF-8 (expected a UTF-8 text file)"
         ) from None
     return text[1:] if text.startswith("\ufeff") else text

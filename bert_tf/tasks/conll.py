@@ -25,8 +25,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from bert_tf.errors import InputDataError
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import IGNORE_LABEL_ID, INPUT_FIELDS, TaskDataError, padded_arrays, read_text
+from bert_tf.tasks import IGNORE_LABEL_ID, INPUT_FIELDS, padded_arrays, read_text
 from bert_tf.tasks.glue import tokens_to_ids
 from bert_tf.tasks.windows import check_is_max_context, doc_spans_for
 
@@ -70,7 +71,7 @@ def read_conll(input_file: str, has_labels: bool = True) -> List[NerExample]:
     """Reads a CoNLL file into sentences. has_labels: the last column is the tag (at least two
     columns per line); False reads words only (the first column).
 
-    Raises TaskDataError (file:line) for a word line without a tag and for bad UTF-8.
+    Raises InputDataError (file:line) for a word line without a tag and for bad UTF-8.
     """
     examples = []
     words, labels, columns = [], [], []
@@ -95,12 +96,12 @@ def read_conll(input_file: str, has_labels: bool = True) -> List[NerExample]:
             docstart_pending = True
             continue
         if has_labels and len(fields) < 2:
-            raise TaskDataError(f"{input_file}:{line_number}: expected 'word ... NER-tag' (at least 2 "
+            raise InputDataError(f"{input_file}:{line_number}: expected 'word ... NER-tag' (at least 2 "
                                 f"space-separated columns), found {len(fields)}")
         if first_column_count is None:
             first_column_count = len(fields)
         elif has_labels and len(fields) != first_column_count:
-            raise TaskDataError(f"{input_file}:{line_number}: expected {first_column_count} columns as on the first "
+            raise InputDataError(f"{input_file}:{line_number}: expected {first_column_count} columns as on the first "
                                 f"word line, found {len(fields)}")
         words.append(fields[0])
         labels.append(fields[-1])
@@ -146,7 +147,7 @@ def convert_examples_to_features(
         if example.labels is not None:
             unknown = [t for t in example.labels if t not in label_to_id]
             if unknown:
-                raise TaskDataError(f"sentence {example.guid}: unknown tag {unknown[0]!r} "
+                raise InputDataError(f"sentence {example.guid}: unknown tag {unknown[0]!r} "
                                     f"(expected one of {', '.join(labels)})")
         word_ids = [label_to_id[t] for t in example.labels] if example.labels is not None else None
         if doc_stride:

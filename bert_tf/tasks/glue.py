@@ -28,8 +28,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from bert_tf.errors import InputDataError
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import TaskDataError, padded_arrays, read_text
+from bert_tf.tasks import padded_arrays, read_text
 from bert_tf.tasks.metrics import compute_metrics
 from bert_tf.tasks.windows import doc_spans_for
 
@@ -285,7 +286,7 @@ def infer_labels(spec: TaskSpec, data_dir: str, split: str = "train") -> TaskSpe
     rows = _read_rows(path, s.layout)
     found = sorted({fields[s.layout.label].strip() for _, fields in rows})
     if not found:
-        raise TaskDataError(f"{path}: no examples to take the label set from")
+        raise InputDataError(f"{path}: no examples to take the label set from")
     try:
         found.sort(key=float)
     except ValueError:
@@ -316,14 +317,14 @@ def _read_rows(path: str, layout: Layout) -> List[Tuple[int, dict]]:
                     needed.append(layout.keep_if[0])
                 missing = [c for c in needed if c not in header]
                 if missing:
-                    raise TaskDataError(
+                    raise InputDataError(
                         f"{path}:{line}: header has no column {missing[0]!r} (expected columns "
                         f"{', '.join(repr(c) for c in needed)}; found {', '.join(repr(h) for h in header)})"
                     )
                 continue
             if header is not None:
                 if len(fields) != len(header):
-                    raise TaskDataError(
+                    raise InputDataError(
                         f"{path}:{line}: expected {len(header)} {_delimiter_name(layout)}-separated columns "
                         f"as in the header, found {len(fields)}"
                     )
@@ -331,15 +332,15 @@ def _read_rows(path: str, layout: Layout) -> List[Tuple[int, dict]]:
             else:
                 needed = max(c for c in (layout.text_a, layout.text_b, layout.label, layout.index) if c is not None)
                 if len(fields) <= needed:
-                    raise TaskDataError(
+                    raise InputDataError(
                         f"{path}:{line}: expected at least {needed + 1} {_delimiter_name(layout)}-separated "
                         f"columns, found {len(fields)}"
                     )
                 rows.append((line, dict(enumerate(fields))))
     except csv.Error as e:
-        raise TaskDataError(f"{path}:{reader.line_num}: malformed {_delimiter_name(layout)} row ({e})") from None
+        raise InputDataError(f"{path}:{reader.line_num}: malformed {_delimiter_name(layout)} row ({e})") from None
     if layout.header and header is None:
-        raise TaskDataError(f"{path}: empty file (expected a header row)")
+        raise InputDataError(f"{path}: empty file (expected a header row)")
     return rows
 
 
@@ -352,7 +353,7 @@ def read_examples(
 ) -> List[InputExample]:
     """Reads one split file. `labels` None means regression (labels parsed as floats).
 
-    Raises TaskDataError (file:line: what was expected) for wrong column counts, missing
+    Raises InputDataError (file:line: what was expected) for wrong column counts, missing
     header columns, labels outside `labels`, non-numeric regression targets and bad UTF-8.
     """
     label_map = dict(layout.label_map)
@@ -368,13 +369,13 @@ def read_examples(
                 try:
                     label = float(raw)
                 except ValueError:
-                    raise TaskDataError(f"{path}:{line}: expected a number as the label, found {raw!r}") from None
+                    raise InputDataError(f"{path}:{line}: expected a number as the label, found {raw!r}") from None
                 if not math.isfinite(label):
-                    raise TaskDataError(f"{path}:{line}: expected a finite number as the label, found {raw!r}")
+                    raise InputDataError(f"{path}:{line}: expected a finite number as the label, found {raw!r}")
             else:
                 label = label_map.get(raw, raw)
                 if allowed is not None and label not in allowed:
-                    raise TaskDataError(
+                    raise InputDataError(
                         f"{path}:{line}: unknown label {raw!r} (expected one of {', '.join(labels)})"
                     )
         index = row[layout.index].strip() if layout.index is not None else None
@@ -439,7 +440,7 @@ def _label_id(example: InputExample, label_to_id: Optional[Dict[str, int]], labe
     if label_to_id is None:
         return float(example.label)
     if example.label not in label_to_id:
-        raise TaskDataError(f"example {example.guid}: unknown label {example.label!r} "
+        raise InputDataError(f"example {example.guid}: unknown label {example.label!r} "
                             f"(expected one of {', '.join(labels)})")
     return label_to_id[example.label]
 
@@ -501,7 +502,7 @@ def convert_examples_to_windows(
     question: `[CLS] A [SEP] B-span [SEP]`. An example that fits is one window, the same feature
     convert_examples_to_features makes. Every window carries its example's label.
     Returns (features in example order, the example index of each feature). A text_a that
-    leaves no room for text_b is a TaskDataError.
+    leaves no room for text_b is a InputDataError.
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
@@ -515,7 +516,7 @@ def convert_examples_to_windows(
         if i in pieces_b:
             fixed, windowed, room = pieces_a[i], pieces_b[i], max_seq_length - len(pieces_a[i]) - 3
             if room < 1:
-                raise TaskDataError(
+                raise InputDataError(
                     f"example {example.guid}: text_a has {len(fixed)} word pieces, which leaves no room for text_b "
                     f"in max_seq_length {max_seq_length} (windows run over text_b and repeat text_a whole): put "
                     "the long text in text_b or raise --max_seq_length")

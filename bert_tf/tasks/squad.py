@@ -32,8 +32,9 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from bert_tf.errors import InputDataError
 from bert_tf.fileio import write_text_atomic
-from bert_tf.tasks import TaskDataError, padded_arrays, read_text
+from bert_tf.tasks import padded_arrays, read_text
 from bert_tf.tasks.glue import tokenize_all, tokens_to_ids
 from bert_tf.tasks.windows import MAX_CONTEXT_LENGTH_WEIGHT, check_is_max_context, doc_spans_for  # noqa: F401
 from bert_tf.tokenization import BasicTokenizer
@@ -126,7 +127,7 @@ def split_context(context: str):
 
 def _expect(condition, path, where, what):
     if not condition:
-        raise TaskDataError(f"{path}: {where}: expected {what}")
+        raise InputDataError(f"{path}: {where}: expected {what}")
 
 
 def read_squad_examples(
@@ -141,14 +142,14 @@ def read_squad_examples(
     version_2_with_negative: honour `is_impossible` (SQuAD 2.0).
     skip_mismatched_answers: a training answer whose `answer_start` does not point at its
     `text` is an error by default; True drops such questions (the original's warning).
-    Raises TaskDataError naming the file and the question id for missing keys, empty
+    Raises InputDataError naming the file and the question id for missing keys, empty
     contexts, answers that do not match, and malformed JSON.
     """
     text = read_text(input_file)
     try:
         dataset = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TaskDataError(f"{input_file}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+        raise InputDataError(f"{input_file}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     _expect(isinstance(dataset, dict) and isinstance(dataset.get("data"), list), input_file, "top level",
             'an object with a "data" list')
     examples = []
@@ -191,7 +192,7 @@ def read_squad_examples(
                             if skip_mismatched_answers:
                                 continue
                             found = context[max(answer_start, 0): max(answer_start, 0) + len(answer_text)]
-                            raise TaskDataError(
+                            raise InputDataError(
                                 f"{input_file}: {where_q}: answer_start {answer_start} does not point at the "
                                 f"answer text {answer_text!r} (the context has {found!r} there)"
                             )

@@ -25,7 +25,8 @@ import string
 import sys
 from typing import Mapping, Optional, Tuple
 
-from bert_tf.tasks import TaskDataError, read_text
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import read_text
 
 # The v2.0 script's default `--na-prob-thresh`.
 DEFAULT_NA_PROB_THRESH = 1.0
@@ -80,7 +81,7 @@ def evaluate_v1(dataset: list, predictions: Mapping[str, str], log=None) -> dict
                 exact_match += max(exact_match_score_v1(prediction, gt) for gt in ground_truths)
                 f1 += max(f1_score_v1(prediction, gt) for gt in ground_truths)
     if total == 0:
-        raise TaskDataError("SQuAD dataset has no questions")
+        raise InputDataError("SQuAD dataset has no questions")
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
@@ -212,7 +213,7 @@ def best_null_threshold(dataset: list, preds: Mapping[str, str], na_probs: Mappi
     qid_to_has_ans = _qid_to_has_ans(dataset)
     exact_raw, f1_raw, missing = _raw_scores(dataset, preds)
     if missing:
-        raise TaskDataError(f"predictions: no prediction for question id {missing[0]} ({len(missing)} missing)")
+        raise InputDataError(f"predictions: no prediction for question id {missing[0]} ({len(missing)} missing)")
     scores = f1_raw if key == "f1" else exact_raw
     gains: dict = collections.defaultdict(float)  # odd -> score change when its questions are answered
     for qid, score in scores.items():
@@ -246,21 +247,21 @@ def evaluate_v2(
     and with `na_probs` also best_exact, best_exact_thresh, best_f1, best_f1_thresh).
 
     Where the official script would die with a KeyError (a question without a prediction,
-    or without a no-answer probability), this raises TaskDataError naming the first id.
+    or without a no-answer probability), this raises InputDataError naming the first id.
     """
     qid_to_has_ans = _qid_to_has_ans(dataset)
     if not qid_to_has_ans:
-        raise TaskDataError("SQuAD dataset has no questions")
+        raise InputDataError("SQuAD dataset has no questions")
     exact_raw, f1_raw, missing = _raw_scores(dataset, preds)
     if missing:
-        raise TaskDataError(f"predictions: no prediction for question id {missing[0]} ({len(missing)} missing)")
+        raise InputDataError(f"predictions: no prediction for question id {missing[0]} ({len(missing)} missing)")
     have_na_probs = na_probs is not None
     if not have_na_probs:
         na_probs = {k: 0.0 for k in preds}
     else:
         absent = [qid for qid in qid_to_has_ans if qid not in na_probs]
         if absent:
-            raise TaskDataError(f"na_prob file: no probability for question id {absent[0]} ({len(absent)} missing)")
+            raise InputDataError(f"na_prob file: no probability for question id {absent[0]} ({len(absent)} missing)")
     has_ans_qids = [k for k, v in qid_to_has_ans.items() if v]
     no_ans_qids = [k for k, v in qid_to_has_ans.items() if not v]
     exact_thresh = _apply_no_ans_threshold(exact_raw, na_probs, qid_to_has_ans, na_prob_thresh)
@@ -284,39 +285,39 @@ def evaluate_v2(
 
 # ----------------------------------------------------------------- files
 def load_json(path: str, what: str):
-    """A JSON file, or a TaskDataError naming the file, line and column."""
+    """A JSON file, or a InputDataError naming the file, line and column."""
     text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise TaskDataError(f"{path}:{e.lineno}:{e.colno}: not valid JSON for {what} ({e.msg})") from None
+        raise InputDataError(f"{path}:{e.lineno}:{e.colno}: not valid JSON for {what} ({e.msg})") from None
 
 
 def load_dataset(path: str) -> dict:
     """A SQuAD JSON file checked for the keys evaluation needs: {"version", "data": [...]}."""
     dataset_json = load_json(path, "a SQuAD dataset")
     if not isinstance(dataset_json, dict) or not isinstance(dataset_json.get("data"), list):
-        raise TaskDataError(f'{path}: expected a SQuAD JSON object with a "data" list')
+        raise InputDataError(f'{path}: expected a SQuAD JSON object with a "data" list')
     for a, article in enumerate(dataset_json["data"]):
         if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-            raise TaskDataError(f'{path}: data[{a}]: expected an object with a "paragraphs" list')
+            raise InputDataError(f'{path}: data[{a}]: expected an object with a "paragraphs" list')
         for p, paragraph in enumerate(article["paragraphs"]):
             if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
-                raise TaskDataError(f'{path}: data[{a}].paragraphs[{p}]: expected an object with a "qas" list')
+                raise InputDataError(f'{path}: data[{a}].paragraphs[{p}]: expected an object with a "qas" list')
             for q, qa in enumerate(paragraph["qas"]):
                 where = f"data[{a}].paragraphs[{p}].qas[{q}]"
                 if not isinstance(qa, dict) or "id" not in qa:
-                    raise TaskDataError(f'{path}: {where}: expected an object with an "id"')
+                    raise InputDataError(f'{path}: {where}: expected an object with an "id"')
                 answers = qa.get("answers")
                 if not isinstance(answers, list) or not all(isinstance(x, dict) and "text" in x for x in answers):
-                    raise TaskDataError(f'{path}: question {qa["id"]}: expected "answers": a list of {{"text": ...}}')
+                    raise InputDataError(f'{path}: question {qa["id"]}: expected "answers": a list of {{"text": ...}}')
     return dataset_json
 
 
 def load_predictions(path: str) -> dict:
     preds = load_json(path, "predictions")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
-        raise TaskDataError(f"{path}: expected a JSON object {{question id: answer text}}")
+        raise InputDataError(f"{path}: expected a JSON object {{question id: answer text}}")
     return preds
 
 
@@ -325,7 +326,7 @@ def load_na_probs(path: str) -> dict:
     if not isinstance(na_probs, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in na_probs.values()
     ):
-        raise TaskDataError(f"{path}: expected a JSON object {{question id: number}}")
+        raise InputDataError(f"{path}: expected a JSON object {{question id: number}}")
     return na_probs
 
 
@@ -343,7 +344,7 @@ def evaluate_files(
     log = sys.stderr if log is None else log
     if version == "1.1":
         if na_prob_file:
-            raise TaskDataError("--na-prob-file is a SQuAD v2.0 option (use --version 2.0)")
+            raise InputDataError("--na-prob-file is a SQuAD v2.0 option (use --version 2.0)")
         if dataset_json.get("version") != "1.1":
             # The official script warns and carries on.
             print(f"Evaluation expects v-1.1, but got dataset with v-{dataset_json.get('version')}", file=log)

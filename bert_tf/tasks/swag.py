@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from bert_tf.tasks import TaskDataError, padded_arrays, read_text
+from bert_tf.errors import InputDataError
+from bert_tf.tasks import padded_arrays, read_text
 from bert_tf.tasks.glue import pair_to_ids, tokenize_all
 
 NUM_CHOICES = 4
@@ -46,21 +47,21 @@ class SwagFeatures:
 def read_swag_examples(input_file: str, has_labels: Optional[bool] = None) -> List[SwagExample]:
     """Reads a SWAG CSV. has_labels: None = labels if the header has a `label` column.
 
-    Raises TaskDataError (file:line) for missing columns, wrong column counts, labels outside 0..3.
+    Raises InputDataError (file:line) for missing columns, wrong column counts, labels outside 0..3.
     """
     reader = csv.reader(io.StringIO(read_text(input_file), newline=""))
     try:
         header = next(reader, None)
         if header is None:
-            raise TaskDataError(f"{input_file}: empty file (expected a SWAG header row)")
+            raise InputDataError(f"{input_file}: empty file (expected a SWAG header row)")
         missing = [c for c in _REQUIRED if c not in header]
         if missing:
-            raise TaskDataError(f"{input_file}:1: header has no column {missing[0]!r} (expected the SWAG columns "
+            raise InputDataError(f"{input_file}:1: header has no column {missing[0]!r} (expected the SWAG columns "
                                 f"{', '.join(_REQUIRED)}{', label' if has_labels else ''})")
         if has_labels is None:
             has_labels = "label" in header
         elif has_labels and "label" not in header:
-            raise TaskDataError(f"{input_file}:1: header has no column 'label'")
+            raise InputDataError(f"{input_file}:1: header has no column 'label'")
         col = {name: i for i, name in enumerate(header)}
         examples = []
         for fields in reader:
@@ -68,13 +69,13 @@ def read_swag_examples(input_file: str, has_labels: Optional[bool] = None) -> Li
             if not fields:
                 continue
             if len(fields) != len(header):
-                raise TaskDataError(f"{input_file}:{line}: expected {len(header)} comma-separated columns as in the "
+                raise InputDataError(f"{input_file}:{line}: expected {len(header)} comma-separated columns as in the "
                                     f"header, found {len(fields)}")
             label = None
             if has_labels:
                 raw = fields[col["label"]].strip()
                 if raw not in ("0", "1", "2", "3"):
-                    raise TaskDataError(f"{input_file}:{line}: expected a label 0..3, found {raw!r}")
+                    raise InputDataError(f"{input_file}:{line}: expected a label 0..3, found {raw!r}")
                 label = int(raw)
             examples.append(SwagExample(
                 swag_id=fields[0],
@@ -84,7 +85,7 @@ def read_swag_examples(input_file: str, has_labels: Optional[bool] = None) -> Li
                 label=label,
             ))
     except csv.Error as e:
-        raise TaskDataError(f"{input_file}:{reader.line_num}: malformed CSV row ({e})") from None
+        raise InputDataError(f"{input_file}:{reader.line_num}: malformed CSV row ({e})") from None
     return examples
 
 

@@ -5,7 +5,7 @@ from bert_tf.tokenization.full import (  # noqa: F401
     SPECIAL_TOKENS,
     BasicTokenizer,
     FullTokenizer,
-    VocabError,
+    VocabError,  # the old name of bert_tf.errors.InputDataError, kept importable
     WordpieceTokenizer,
     check_special_tokens,
     check_vocab_fits,

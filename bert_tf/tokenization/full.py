@@ -18,6 +18,7 @@ import unicodedata
 from typing import Dict, Iterable, List, Optional, Union
 
 from bert_tf import fileio
+from bert_tf.errors import InputDataError
 
 # Words longer than this become [UNK] in WordPiece (the original's
 # `max_input_chars_per_word`).
@@ -39,8 +40,7 @@ CJK_RANGES = (
 )
 
 
-class VocabError(ValueError):
-    """A vocab file that cannot be used."""
+VocabError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def convert_to_unicode(text: Union[str, bytes]) -> str:
@@ -55,14 +55,14 @@ def convert_to_unicode(text: Union[str, bytes]) -> str:
 def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
     """Token -> id, id = line number; lines are stripped as in the original."""
     if not fileio.exists(vocab_file):
-        raise VocabError(f"{vocab_file}: vocab file not found")
+        raise InputDataError(f"{vocab_file}: vocab file not found")
     vocab: "collections.OrderedDict[str, int]" = collections.OrderedDict()
     with fileio.open_file(vocab_file, "rb") as f:
         data = f.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise VocabError(f"{vocab_file}: not UTF-8 text (byte {e.start})") from None
+        raise InputDataError(f"{vocab_file}: not UTF-8 text (byte {e.start})") from None
     # The original reads with readline(), which splits on "\n" only.
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -70,7 +70,7 @@ def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
     for index, line in enumerate(lines):
         vocab[line.strip()] = index
     if not vocab:
-        raise VocabError(f"{vocab_file}: vocab file is empty")
+        raise InputDataError(f"{vocab_file}: vocab file is empty")
     return vocab
 
 
@@ -249,7 +249,7 @@ def check_special_tokens(vocab: Dict[str, int], vocab_file: str, required=SPECIA
     """One clear error when a vocab lacks a token the pipeline needs."""
     missing = [t for t in required if t not in vocab]
     if missing:
-        raise VocabError(f"{vocab_file}: vocab has no {', '.join(missing)} token")
+        raise InputDataError(f"{vocab_file}: vocab has no {', '.join(missing)} token")
 
 
 def check_vocab_fits(vocab_file: str, vocab_size: int, checkpoint: Optional[str] = None) -> int:
@@ -263,11 +263,11 @@ def check_vocab_fits(vocab_file: str, vocab_size: int, checkpoint: Optional[str]
     """
     size = len(load_vocab(vocab_file))
     if checkpoint and size != vocab_size:
-        raise VocabError(
+        raise InputDataError(
             f"{vocab_file}: {size} tokens but {checkpoint} has vocab_size {vocab_size}; use the checkpoint's "
             "vocab (or an extension of it: create_vocab.py --extend_vocab)")
     if size > vocab_size:
-        raise VocabError(
+        raise InputDataError(
             f"{vocab_file}: {size} tokens but the model's vocab_size is {vocab_size}; this vocab does not "
             "belong to this model")
     return size

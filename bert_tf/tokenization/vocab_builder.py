@@ -38,6 +38,7 @@ import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from bert_tf import fileio
+from bert_tf.errors import InputDataError
 from bert_tf.fileio import write_text_atomic
 from bert_tf.tokenization.full import MAX_CHARS_PER_WORD, BasicTokenizer, WordpieceTokenizer, load_vocab
 
@@ -107,7 +108,7 @@ class VocabSettings:
             raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.extend_vocab:
             if not any(UNUSED_TOKEN.match(t) for t in load_vocab(self.extend_vocab)):
-                raise VocabExtensionError(f"extend_vocab: {self.extend_vocab} has no [unusedN] slots to fill")
+                raise InputDataError(f"extend_vocab: {self.extend_vocab} has no [unusedN] slots to fill")
         elif self.vocab_size <= len(special_tokens(self.num_unused)):
             raise ValueError(f"vocab_size: {self.vocab_size} leaves no room after "
                              f"{len(special_tokens(self.num_unused))} special tokens")
@@ -248,8 +249,7 @@ UNUSED_TOKEN = re.compile(r"^\[unused\d+\]$")
 EXTENSION_FORMAT = "bert_tf.vocab_extension.v1"
 
 
-class VocabExtensionError(ValueError):
-    """A vocab extension that cannot be made or does not match its vocab; the message is one line."""
+VocabExtensionError = InputDataError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +284,7 @@ def extend_vocab(base: List[str], word_counts: Dict[str, int], max_new_tokens: O
     """
     slots = [i for i, t in enumerate(base) if UNUSED_TOKEN.match(t)]
     if not slots:
-        raise VocabExtensionError("the vocab has no [unusedN] slots to fill")
+        raise InputDataError("the vocab has no [unusedN] slots to fill")
     limit = len(slots) if max_new_tokens is None else min(max_new_tokens, len(slots))
     ids = {t: i for i, t in enumerate(base)}
     wordpiece = WordpieceTokenizer(vocab=ids)
@@ -323,7 +323,7 @@ def write_extension(vocab_file: str, base_vocab_file: str, new_tokens: List[NewT
 def read_extension(vocab_file: str) -> List[NewToken]:
     """The new tokens of an extended vocab (from its extension JSON), or [] when it has none.
 
-    Raises VocabExtensionError when the JSON does not describe `vocab_file` (a token not at its id).
+    Raises InputDataError when the JSON does not describe `vocab_file` (a token not at its id).
     """
     path = extension_path(vocab_file)
     if not fileio.exists(path):
@@ -332,14 +332,14 @@ def read_extension(vocab_file: str) -> List[NewToken]:
         try:
             payload = json.loads(f.read().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise VocabExtensionError(f"{path}: not a vocab extension JSON ({e})") from None
+            raise InputDataError(f"{path}: not a vocab extension JSON ({e})") from None
     if not isinstance(payload, dict) or payload.get("format") != EXTENSION_FORMAT:
-        raise VocabExtensionError(f"{path}: not a vocab extension JSON (format is not {EXTENSION_FORMAT})")
+        raise InputDataError(f"{path}: not a vocab extension JSON (format is not {EXTENSION_FORMAT})")
     tokens = [NewToken(int(t["id"]), t["token"], t["replaced"], tuple(t["old_pieces"]),
                        tuple(int(i) for i in t["old_piece_ids"]), int(t["count"])) for t in payload["new_tokens"]]
     vocab = load_vocab(vocab_file)
     for t in tokens:
         if vocab.get(t.token) != t.id:
-            raise VocabExtensionError(f"{path}: lists {t.token!r} at id {t.id} but {vocab_file} does not have it "
+            raise InputDataError(f"{path}: lists {t.token!r} at id {t.id} but {vocab_file} does not have it "
                                       "there; the JSON belongs to another vocab")
     return tokens

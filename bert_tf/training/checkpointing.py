@@ -21,7 +21,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from bert_tf import model_dir as model_dir_lib
-from bert_tf.training.errors import CheckpointRestoreError, CheckpointWriteError, first_line
+from bert_tf.errors import TrainingError
+from bert_tf.training.errors import first_line
 
 logger = logging.getLogger("bert_tf.training")
 
@@ -72,7 +73,7 @@ class Checkpoints:
         A checkpoint that cannot be read (cut short by a kill or a full disk, a file missing, the
         state file naming a checkpoint that is gone) is skipped with a warning and the next older
         one is tried, so a run never resumes from a damaged checkpoint nor silently starts over.
-        Raises CheckpointRestoreError when checkpoints exist but none can be restored, saying whether
+        Raises TrainingError when checkpoints exist but none can be restored, saying whether
         their files are missing, unreadable, or belong to another model (the first variable that
         differs, with both shapes)."""
         checkpoint = tf.train.Checkpoint(**self.items)
@@ -101,14 +102,14 @@ class Checkpoints:
                 what, advice = " into this model", "; use another output_dir for a different model"
             else:
                 what, advice = "", "; check that its files are complete and readable, or move the damaged ones away"
-            raise CheckpointRestoreError(
+            raise TrainingError(
                 f"{self.model_dir}: none of its {len(problems)} checkpoint(s) can be restored{what} "
                 f"({problems[0][1]}){advice}"
             )
         return None
 
     def save(self, manager, step: int) -> Optional[str]:
-        """Saves checkpoint `step` through `manager`; CheckpointWriteError (partial files removed) when it fails."""
+        """Saves checkpoint `step` through `manager`; TrainingError (partial files removed) when it fails."""
         try:
             path = manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
@@ -121,7 +122,7 @@ class Checkpoints:
                         tf.io.gfile.rmtree(leftover)
                     else:
                         tf.io.gfile.remove(leftover)
-            raise CheckpointWriteError(
+            raise TrainingError(
                 f"{manager.directory}: cannot write checkpoint {os.path.basename(prefix)} ({first_line(e)}); "
                 f"earlier checkpoints are intact (latest: {manager.latest_checkpoint or 'none'})"
             ) from None

@@ -15,14 +15,10 @@ import contextlib
 
 import tensorflow as tf
 
-from bert_tf.training.errors import TrainingError
+from bert_tf.errors import OutOfDeviceMemory
 
 # How TensorFlow and XLA spell an allocation that failed, where the error's type does not say it.
 OUT_OF_MEMORY_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "OOM when allocating")
-
-
-class OutOfDeviceMemory(TrainingError):
-    """A batch did not fit in the device's memory; the message is one line naming the flags to change."""
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -1,45 +1,22 @@
-"""Why training stopped: the errors the Trainer raises (each message one line, which the scripts print
-before exiting non-zero) and the helpers that make TensorFlow's errors into such lines."""
+"""Why training stopped: the helpers that make TensorFlow's errors into the one-line TrainingError the
+Trainer raises (bert_tf/errors.py: TrainingError, TrainingPreempted; the scripts print the line and exit
+non-zero)."""
 
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import tensorflow as tf
+
+from bert_tf.errors import TrainingError, TrainingPreempted  # noqa: F401  (kept importable from here)
 
 # What a collective op raises when a peer is gone (connection reset, health check, timeout).
 PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
                  tf.errors.AbortedError)
 
 
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message is one line (scripts print it and exit non-zero)."""
-
-
-class NonFiniteLossError(TrainingError):
-    """Training produced a NaN/Inf loss; no checkpoint was written for it."""
-
-
-class CheckpointWriteError(TrainingError):
-    """A checkpoint could not be written (e.g. disk full); its partial files were removed."""
-
-
-class WorkerLostError(TrainingError):
-    """A peer of a multi-worker run died or became unreachable; restart every worker to resume."""
-
-
-class CheckpointRestoreError(TrainingError):
-    """model_dir holds checkpoints but none of them can be restored into this model."""
-
-
-class TrainingPreempted(RuntimeError):
-    """SIGTERM arrived; a checkpoint was saved at `step`."""
-
-    def __init__(self, step: int, checkpoint: Optional[str]):
-        super().__init__(f"SIGTERM: saved checkpoint {checkpoint} at step {step}")
-        self.step = step
-        self.checkpoint = checkpoint
+# The classes live in bert_tf/errors.py (the one list); these old names are kept importable.
+NonFiniteLossError = CheckpointWriteError = WorkerLostError = CheckpointRestoreError = TrainingError
 
 
 def peer_detail(error: BaseException) -> str:

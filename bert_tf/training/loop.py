@@ -53,10 +53,11 @@ import tensorflow as tf
 from bert_tf import model_dir as model_dir_lib
 from bert_tf import progress as progress_lib
 from bert_tf.checkpoint_names import encoder_of
+from bert_tf.errors import TrainingError, TrainingPreempted
 from bert_tf.training import strategy as strategy_lib
 from bert_tf.training import xla_cache, xla_gpu
 from bert_tf.training.checkpointing import Checkpoints, input_signature
-from bert_tf.training.errors import PEER_FAILURES, NonFiniteLossError, TrainingPreempted, WorkerLostError, peer_detail
+from bert_tf.training.errors import PEER_FAILURES, peer_detail
 from bert_tf.training.host_calls import LIVE_SECONDS, CallSizer
 from bert_tf.training.inner_loop import evaluate_batches, make_train_loop, mask_feature, run_host_loop
 from bert_tf.training.reporting import Profiler, Reporter, loop_report, model_config
@@ -171,7 +172,7 @@ class Trainer:
         """Restores the newest complete checkpoint of model_dir (model, optimizer, step and the input
         signature it was trained on; the input position is train()'s business); on a fresh model_dir
         runs `init_fn`. Returns the restored path or None. Damaged checkpoints are skipped for older
-        ones; CheckpointRestoreError when none can be restored (Checkpoints.restore)."""
+        ones; TrainingError when none can be restored (Checkpoints.restore)."""
         path = self.checkpoints.restore(self.global_step)
         if path is None and self._init_fn is not None:
             self._init_fn(self.model)
@@ -273,7 +274,7 @@ class Trainer:
         before_first_save: called once before this call's first checkpoint (side files a model_dir
           needs), so a run that fails before it proves it trains writes nothing into model_dir.
 
-        Raises NonFiniteLossError (nothing saved) or TrainingPreempted (after saving).
+        Raises TrainingError on a NaN/Inf loss (nothing saved) or TrainingPreempted (after saving).
         """
         c = self.settings
         replicas = self.strategy.num_replicas_in_sync
@@ -321,7 +322,7 @@ class Trainer:
                 self._sizer.observe(n, n - 1 if compiling else n, elapsed)
                 bad = np.flatnonzero(~np.isfinite(losses))
                 if bad.size:
-                    raise NonFiniteLossError(
+                    raise TrainingError(
                         f"loss is {losses[bad[0]]} at step {step + bad[0] + 1}; stopped without saving "
                         f"(last good checkpoint: {manager.latest_checkpoint or 'none'})"
                     )
@@ -362,7 +363,7 @@ class Trainer:
                 raise
             # A killed peer resets its connections (seen at once); one that vanishes is found by the
             # strategy's health check (a few tens of seconds) and the pending collective is aborted.
-            raise WorkerLostError(
+            raise TrainingError(
                 f"a worker of the multi-worker cluster is gone at step {step} ({type(e).__name__}: "
                 f"{peer_detail(e)}); restart every worker with the same command to resume "
                 f"from {model_dir_lib.latest_checkpoint(self.model_dir) or 'the start'}"

@@ -50,7 +50,7 @@ class Reporter:
             self.writer(kind).flush()
         except (tf.errors.OpError, OSError) as e:
             # Summaries are best effort: on a full disk the run stops at the next checkpoint write
-            # (CheckpointWriteError, earlier checkpoints intact), not with a traceback here.
+            # (TrainingError, earlier checkpoints intact), not with a traceback here.
             logger.warning("cannot write %s summaries at step %d (%s)", kind, step, first_line(e))
 
     def run_text(self, kind: str, model, step: int) -> None:

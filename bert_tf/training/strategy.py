@@ -5,7 +5,7 @@
   multi_worker  MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG
   tpu           TPUStrategy on the TPU named by `tpu` (name, grpc:// address or "local")
 
-Every failure is a `StrategyError` with one line that says what to fix.
+Every failure is a `ConfigError` with one line that says what to fix.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Optional
 
 import tensorflow as tf
 
+from bert_tf.errors import ConfigError
+
 STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
 
 
-class StrategyError(ValueError):
-    """The requested distribution strategy cannot be built here."""
+StrategyError = ConfigError  # the old name, kept importable (bert_tf/errors.py: what can go wrong)
 
 
 def _one_line(e: BaseException) -> str:
@@ -40,7 +41,7 @@ def get_strategy(
     strategies must initialise the runtime themselves.
     """
     if name not in STRATEGIES:
-        raise StrategyError(f"unknown distribution_strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
+        raise ConfigError(f"unknown distribution_strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
     if name == "one_device":
         gpus = tf.config.list_logical_devices("GPU")
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
@@ -56,31 +57,31 @@ def get_strategy(
 def _multi_worker() -> tf.distribute.Strategy:
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        raise StrategyError(
+        raise ConfigError(
             "distribution_strategy=multi_worker needs TF_CONFIG, e.g. "
             '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}'
         )
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise StrategyError(f"TF_CONFIG is not valid JSON ({e.msg} at column {e.colno})") from None
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(config, dict) or "cluster" not in config or "task" not in config:
-        raise StrategyError('TF_CONFIG must have "cluster" and "task" entries')
+        raise ConfigError('TF_CONFIG must have "cluster" and "task" entries')
     task = config["task"]
     workers = config["cluster"].get("worker", []) + config["cluster"].get("chief", [])
     if not workers:
-        raise StrategyError('TF_CONFIG: cluster has no "worker" (or "chief") addresses')
+        raise ConfigError('TF_CONFIG: cluster has no "worker" (or "chief") addresses')
     if task.get("type") not in ("worker", "chief") or not isinstance(task.get("index"), int):
-        raise StrategyError(f'TF_CONFIG: task must be {{"type": "worker"|"chief", "index": int}}, got {task}')
+        raise ConfigError(f'TF_CONFIG: task must be {{"type": "worker"|"chief", "index": int}}, got {task}')
     try:
         return tf.distribute.MultiWorkerMirroredStrategy()
     except (ValueError, RuntimeError, tf.errors.OpError) as e:
-        raise StrategyError(f"cannot start MultiWorkerMirroredStrategy: {_one_line(e)}") from None
+        raise ConfigError(f"cannot start MultiWorkerMirroredStrategy: {_one_line(e)}") from None
 
 
 def _tpu(tpu: Optional[str], zone: Optional[str], project: Optional[str]) -> tf.distribute.Strategy:
     if not tpu:
-        raise StrategyError(
+        raise ConfigError(
             "distribution_strategy=tpu needs --tpu_name (a Cloud TPU name, a grpc:// address, or 'local' on a TPU VM)"
         )
     try:
@@ -91,7 +92,7 @@ def _tpu(tpu: Optional[str], zone: Optional[str], project: Optional[str]) -> tf.
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as e:  # the resolver raises many types (ValueError, HttpError, NotFoundError, ...)
-        raise StrategyError(f"cannot reach TPU {tpu!r}: {type(e).__name__}: {_one_line(e)}") from None
+        raise ConfigError(f"cannot reach TPU {tpu!r}: {type(e).__name__}: {_one_line(e)}") from None
     return tf.distribute.TPUStrategy(resolver)
 
 
