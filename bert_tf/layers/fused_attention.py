@@ -12,7 +12,7 @@ Two operand layouts (`layout`): "BNTH", q/k/v [B, N, F|T, D] (the heads transpos
 default attention's batched matmuls take them); "BTNH", q [B, F, N, D], k/v [B, T, N, D], the
 projections' rows merely reshaped, so the three head transposes before the forward call and the
 one of dO before the backward call go. What stays in BTNH: `xla.custom_call_v2` gives every
-operand and result XLA's default (row-major) layout, and TF 2.20's XLA describes the forward's O and
+operand and result XLA's default (row-major) layout, and XLA describes the forward's O and
 the backward's dQ, dK, dV to cuDNN by their plain shapes (cudnn_custom_call_compiler.cc), which must
 be [B, N, *, D]: those come out BNTH and are transposed here (JAX gives them a BTNH memory layout
 instead, which TensorFlow cannot ask for). The backward's O is described like dO
