@@ -102,6 +102,8 @@ KNOWN_VARIANTS = list(dict.fromkeys(VARIANTS + GPU_VARIANTS))
 # (ours-bf16-xla+cudnn+whole): what the model or the step does differently...
 MODEL_OPTIONS = {
     "cudnn": "cuDNN fused attention (BertEncoder attention_implementation='cudnn')",
+    "btnh": "cuDNN fused attention on q/k/v without the head transposes (attention_implementation='cudnn_btnh'; "
+            "implies cudnn)",
     "whole": "the whole step, optimizer update included, as one XLA program (TrainSettings.compile_whole_step)",
     "adrop0": "attention dropout 0 instead of 0.1 (what attention dropout costs; measured only: another recipe)",
     "noclock": "the inner loop without its input-wait clock, which holds the host until each step's outputs "
@@ -400,7 +402,8 @@ def run_ours(args, precision, xla, options=()):
     config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))
 
     def model_fn():
-        encoder = BertEncoder(config, attention_implementation="cudnn" if "cudnn" in options else "xla",
+        attention = "cudnn_btnh" if "btnh" in options else "cudnn" if "cudnn" in options else "xla"
+        encoder = BertEncoder(config, attention_implementation=attention,
                               plain_epilogues="plain_epilogues" in options)
         return BertPretrainer(config, encoder=encoder, skip_padding=not xla)
 

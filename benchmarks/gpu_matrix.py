@@ -3,7 +3,10 @@
 GPU time comes in short loans, so this runs, in this order, each step a process of its own, and
 writes every result under --out_dir as it comes (a session cut short still leaves what it measured):
   1 smoke        check_fused_attention.py: cuDNN fused attention against the default attention
-                 (loss and gradients); when they disagree (or it fails) +cudnn leaves the matrix
+                 (loss and gradients), in BNTH (+cudnn) and BTNH (+btnh), and whether its dropout masks
+                 change between steps with and without command buffers; when cudnn disagrees (or it
+                 fails) +cudnn and +btnh leave the matrix, when btnh does +btnh; when the masks fail,
+                 both are measured but never chosen (session.jsonl says why)
   2 matrix       bench_pretraining.py on BERT-base's width in 4 layers (base4: the same per-layer
                  kernels, a fraction of the compile time), batch 256, seq 128, bf16, XLA: the baseline
                  (BASELINE: the scripts' GPU default), then it with each candidate alone (CANDIDATES, in order)
@@ -51,12 +54,16 @@ BASELINE = "ours-bf16-xla+whole+cudnn_ln"
 # come first. noclock and devfeed: the profile's idle time (10.8 ms per BERT-base step against HF's 1.8),
 # where the host waits for each step, then fetches and copies the next batch (the scripts now leave the
 # clock off on a GPU; BASELINE keeps it, as measured on 2026-11-27); cudnn: the attention's [B, N, S, S]
-# traffic; cublaslt, plain_epilogues: elementwise fusions (23.8 ms against HF's 10.6). (Measured on the
+# traffic; btnh: cudnn without the head transposes of q/k/v and dO; cublaslt, plain_epilogues: elementwise
+# fusions (23.8 ms against HF's 10.6). (Measured on the
 # H200 on top of whole, 2026-11-27: cb_off and triton_off slower, adrop0 1.01x.)
-CANDIDATES = ("noclock", "devfeed", "cudnn", "cublaslt", "plain_epilogues", "gpu_private", "cb_fusion", "adrop0",
+CANDIDATES = ("noclock", "devfeed", "cudnn", "btnh", "cublaslt", "plain_epilogues", "gpu_private", "cb_fusion", "adrop0",
               "cb_off", "triton_off")
 MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attention dropout costs, never the winner
-EXCLUSIVE = ({"cb_off", "cb_fusion"},)  # settings of one flag: at most one of each group in a combination
+# Settings of one flag, or one setting and its variant (btnh is cudnn in another layout): at most one of each
+# group in a combination.
+EXCLUSIVE = ({"cb_off", "cb_fusion"}, {"cudnn", "btnh"})
+ATTENTION_CANDIDATES = ("cudnn", "btnh")  # what check_fused_attention.py (the smoke step) vouches for
 # The compiled programs, shared by the session's runs (the baseline compiles once) and kept out of the
 # output folder, which a GPU loan copies back.
 XLA_CACHE = os.path.join(tempfile.gettempdir(), "gpu_matrix_xla_cache")
@@ -65,8 +72,9 @@ STEPS = ("smoke", "matrix", "combination", "base", "packed", "finetune", "accura
 # Seconds each step is expected to take on an H100/H200 (XLA compiles a BERT-base step in ~60 s, base4's
 # in ~20 s, plus ~10 s of process start each): a step starts only when this fits in the budget left.
 # Seen on the H200 (2026-11-27): smoke 62 s, a base4 variant ~85 s (compile ~45 s; ~16 s from the cache),
-# base (ours and HF, profiled) 215 s.
-COST = dict(smoke=65, variant=85, combination=170, base=215, packed=200, finetune=300, accuracy=240)
+# base (ours and HF, profiled) 215 s. The smoke step has since gained the btnh model (~20 s) and two
+# dropout-probe processes (~20 s each): not yet timed on a GPU.
+COST = dict(smoke=125, variant=85, combination=170, base=215, packed=200, finetune=300, accuracy=240)
 # Arguments per step: on the GPU, and for a dry run on a CPU (tiny sizes, the same code paths).
 GPU_ARGS = dict(
     smoke=["--batch=32", "--seq=128"],
@@ -157,11 +165,11 @@ def speedups(results) -> dict:
     return {name: r["seq_per_s"] / base for name, r in results.items()} if base else {}
 
 
-def choose_combination(ratios) -> list:
+def choose_combination(ratios, measured_only=MEASURED_ONLY) -> list:
     """The options of the single-candidate variants (ratios: speedups()) that beat the baseline by more
-    than NOISE, the best of each EXCLUSIVE group, none MEASURED_ONLY; in CANDIDATES order."""
+    than NOISE, the best of each EXCLUSIVE group, none measured_only; in CANDIDATES order."""
     gains = {options_of(name)[0]: r for name, r in ratios.items() if len(options_of(name)) == 1 and r > 1 + NOISE}
-    chosen = {o for o in gains if o not in MEASURED_ONLY}
+    chosen = {o for o in gains if o not in measured_only}
     for group in EXCLUSIVE:
         members = chosen & group
         if len(members) > 1:
@@ -169,11 +177,11 @@ def choose_combination(ratios) -> list:
     return [o for o in CANDIDATES if o in chosen]
 
 
-def winner(ratios) -> str:
+def winner(ratios, measured_only=MEASURED_ONLY) -> str:
     """The variant fastest against the baseline of its own run (ratios: speedups() of the matrix and the
-    combination; runs minutes apart are not compared raw), MEASURED_ONLY options excluded; the baseline
+    combination; runs minutes apart are not compared raw), measured_only options excluded; the baseline
     when nothing was measured."""
-    eligible = {n: r for n, r in ratios.items() if not set(options_of(n)) & MEASURED_ONLY}
+    eligible = {n: r for n, r in ratios.items() if not set(options_of(n)) & set(measured_only)}
     return max(eligible, key=eligible.get) if eligible else BASELINE
 
 
@@ -281,6 +289,40 @@ def summary(out_dir, matrix, combination, chosen, best, base) -> str:
     return "\n".join(lines) + "\n"
 
 
+def attention_verdict(session, status, candidates):
+    """-> (candidates, measured_only) after the smoke step (check_fused_attention.py, `status`): cudnn and
+    btnh leave when it failed, btnh when only btnh disagreed; both become measured-only when the dropout
+    masks failed (repeated between steps, or the wrong share kept). Logged to session.jsonl."""
+    measured_only = set(MEASURED_ONLY)
+    if status == "skipped":
+        return candidates, measured_only
+    path = os.path.join(session.out_dir, "smoke", "fused_attention_check.json")
+    check = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            check = json.load(f)
+    masks = [{k: p.get(k) for k in ("setting", "ok", "differs_between_calls", "second_function_repeats_first",
+                                    "keep_fraction", "implied_scale_rate", "fmha_in_command_buffer", "failed")
+              if k in p} for p in check.get("dropout_masks", [])]
+    session.log("smoke", "attention checks", cudnn_agrees=check.get("agrees"),
+                btnh_agrees=check.get("btnh", {}).get("agrees"), dropout_ok=check.get("dropout_ok"),
+                dropout_masks=masks)
+    if status == "failed":
+        dropped = [c for c in ATTENTION_CANDIDATES if c in candidates]
+        if dropped:
+            session.log("smoke", f"{' and '.join(dropped)} left out",
+                        reason="check_fused_attention.py did not pass (smoke/log.txt)")
+        return [c for c in candidates if c not in ATTENTION_CANDIDATES], measured_only
+    if status == "done" and not check.get("btnh", {}).get("agrees", False) and "btnh" in candidates:
+        candidates = [c for c in candidates if c != "btnh"]
+        session.log("smoke", "btnh left out", reason="cudnn_btnh disagreed (smoke/fused_attention_check.json)")
+    if status == "done" and not check.get("dropout_ok", False):
+        measured_only |= set(ATTENTION_CANDIDATES)
+        session.log("smoke", "cudnn and btnh measured only",
+                    reason="the dropout-mask check failed (smoke/dropout_masks.jsonl)")
+    return candidates, measured_only
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out_dir", default=os.path.join(os.environ.get("OUT", "gpu_results"), "matrix"))
@@ -313,22 +355,22 @@ def main():
     if "smoke" in steps:
         status = session.run("smoke", [sys.executable, os.path.join(HERE, "check_fused_attention.py"), *sizes["smoke"],
                                    f"--out_dir={os.path.join(args.out_dir, 'smoke')}"], COST["smoke"])
-        if status == "failed" and "cudnn" in candidates:
-            candidates.remove("cudnn")
-            session.log("smoke", "cudnn left out", reason="check_fused_attention.py did not pass (smoke/log.txt)")
+        candidates, measured_only = attention_verdict(session, status, candidates)
+    else:
+        measured_only = MEASURED_ONLY
     matrix, combination, chosen = {}, {}, []
     if "matrix" in steps:
         names = [BASELINE] + [variant([c]) for c in candidates]
         matrix = bench(session, "matrix", sizes["matrix"], names, 2 * COST["variant"], reserve=later)
     if "combination" in steps:
-        chosen = choose_combination(speedups(matrix))
+        chosen = choose_combination(speedups(matrix), measured_only)
         if len(chosen) > 1:
             combination = bench(session, "combination", sizes["matrix"], [BASELINE, variant(chosen)],
                                 COST["combination"], reserve=COST["base"] if "base" in steps else 0)
         else:
             session.log("combination", "skipped", reason=f"{len(chosen)} candidate(s) beat the baseline")
     ratios = {**speedups(matrix), **speedups(combination)}
-    best = winner(ratios)
+    best = winner(ratios, measured_only)
     session.log("winner", best, speedup=round(ratios.get(best, 1.0), 3))
     base = {}
     if "base" in steps:

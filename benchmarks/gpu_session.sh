@@ -2,8 +2,11 @@
 # The GPU measurements of docs/accelerators.md ("Measuring on a GPU"), one phase per call, results under
 # $OUT (or ./gpu_results). Run from the project root with TensorFlow, PyTorch and transformers importable:
 #   bash benchmarks/gpu_session.sh matrix     # the GPU candidates within BUDGET_S seconds (default 480), by time at
-#                                             # stake: smoke check, A/B matrix on 4 layers of BERT-base width
-#                                             # (+noclock, +devfeed, +cudnn, +cublaslt, +plain_epilogues,
+#                                             # stake: smoke check (cuDNN attention in both layouts against the
+#                                             # default, its dropout masks with and without command buffers:
+#                                             # smoke/fused_attention_check.json, smoke/dropout_masks.jsonl),
+#                                             # A/B matrix on 4 layers of BERT-base width
+#                                             # (+noclock, +devfeed, +cudnn, +btnh, +cublaslt, +plain_epilogues,
 #                                             # +gpu_private, ...), the best combination, the winner vs HF
 #                                             # torch.compile on BERT-base with both profiles, packed vs padded,
 #                                             # then fine-tuning and the accuracy check while time is left

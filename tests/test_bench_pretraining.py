@@ -120,7 +120,7 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert bench.split_variant("ours-bf16-xla+cudnn+cb_off") == ("ours-bf16-xla", ["cudnn", "cb_off"])
     assert bench.variant_error("ours-bf16-xla+cudnn+whole+adrop0+triton_off") is None
     assert bench.variant_error("ours-bf16-xla+flash") == (
-        "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, whole, adrop0, noclock, devfeed, "
+        "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, btnh, whole, adrop0, noclock, devfeed, "
         "plain_epilogues, cb_off, cb_fusion, triton_off, cublaslt, cudnn_ln, gpu_private")
     assert bench.variant_error("hf-bf16-compile+cb_off") == "hf-bf16-compile+cb_off: options apply to ours-*-xla variants only"
     assert bench.variant_error("ours-bf16-graph+whole") == "ours-bf16-graph+whole: options apply to ours-*-xla variants only"

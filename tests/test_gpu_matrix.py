@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO, benchmark_module
 
@@ -28,6 +29,65 @@ def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
     assert matrix.winner({}) == BASE and matrix.speedups({f"{BASE}+cudnn": dict(seq_per_s=1.0)}) == {}
     assert matrix.choose_combination({BASE: 1.0, f"{BASE}+triton_off": 0.99}) == []
     assert matrix.options_of(f"{BASE}+cudnn+cb_fusion") == ["cudnn", "cb_fusion"] and matrix.options_of(BASE) == []
+
+
+def test_btnh_and_cudnn_are_one_choice_and_a_failed_dropout_check_keeps_both_from_winning():
+    matrix = benchmark_module("gpu_matrix")
+    ratios = matrix.speedups({BASE: dict(seq_per_s=100.0), f"{BASE}+cudnn": dict(seq_per_s=105.0),
+                              f"{BASE}+btnh": dict(seq_per_s=108.0), f"{BASE}+noclock": dict(seq_per_s=104.0)})
+    assert matrix.choose_combination(ratios) == ["noclock", "btnh"]  # the better layout, in CANDIDATES order
+    assert matrix.winner(ratios) == f"{BASE}+btnh"
+    held = {"adrop0", "cudnn", "btnh"}
+    assert matrix.choose_combination(ratios, held) == ["noclock"] and matrix.winner(ratios, held) == f"{BASE}+noclock"
+    assert matrix.CANDIDATES.index("btnh") == matrix.CANDIDATES.index("cudnn") + 1
+
+
+@pytest.mark.parametrize("status, check, kept, held", [
+    ("failed", {"agrees": False}, ["noclock"], set()),  # cudnn wrong: neither layout is measured
+    ("done", {"agrees": True, "btnh": {"agrees": False}, "dropout_ok": True}, ["noclock", "cudnn"], set()),
+    ("done", {"agrees": True, "btnh": {"agrees": True}, "dropout_ok": False,
+              "dropout_masks": [{"setting": "command_buffers_default", "ok": False, "differs_between_calls": False,
+                                 "keep_fraction": 0.875, "custom_calls": ["x"]}]},
+     ["noclock", "cudnn", "btnh"], {"cudnn", "btnh"}),
+    ("skipped", {}, ["noclock", "cudnn", "btnh"], set()),
+])
+def test_the_smoke_checks_verdict_on_the_attention_candidates(tmp_path, status, check, kept, held):
+    matrix = benchmark_module("gpu_matrix")
+    session = matrix.Session(str(tmp_path), 100)
+    if check:
+        (tmp_path / "smoke").mkdir()
+        (tmp_path / "smoke" / "fused_attention_check.json").write_text(json.dumps(check))
+    candidates, measured_only = matrix.attention_verdict(session, status, ["noclock", "cudnn", "btnh"])
+    assert candidates == kept and measured_only == matrix.MEASURED_ONLY | held
+    records = [json.loads(line) for line in (tmp_path / "session.jsonl").read_text().splitlines()] if check else []
+    if check:
+        assert records[0]["status"] == "attention checks" and records[0]["cudnn_agrees"] == check["agrees"]
+        assert records[0]["dropout_masks"] == [{k: v for k, v in m.items() if k != "custom_calls"}
+                                               for m in check.get("dropout_masks", [])]
+        assert len(records) == 2 and records[1]["reason"]  # what left or was held, and why
+
+
+def test_dropout_probe_verdict_from_the_dropped_probabilities():
+    check = benchmark_module("check_fused_attention")
+    rng = np.random.default_rng(0)
+    length, shape = 64, (4, 4, 64, 64)
+
+    def dropped(keep, rate=0.1):  # kept probabilities 1 / (T (1 - rate)), the rest 0
+        return (rng.random(shape) < keep) / (length * (1 - rate))
+
+    first, again, other = dropped(0.9), dropped(0.9), dropped(0.9)
+    good = check.mask_statistics([first, again, other, dropped(0.9)], length)
+    assert good["ok"] and good["differs_between_calls"] and not good["second_function_repeats_first"]
+    assert abs(good["keep_fraction"] - 0.9) < 0.005 and good["implied_scale_rate"] == pytest.approx(0.1, abs=1e-6)
+    repeated = check.mask_statistics([first, first, first, first], length)  # a CUDA graph replaying one mask
+    assert not repeated["ok"] and not repeated["differs_between_calls"] and repeated["second_function_repeats_first"]
+    rounded = check.mask_statistics([dropped(0.875, 0.125) for _ in range(4)], length)  # rate rounded to 2/16
+    assert not rounded["ok"] and rounded["differs_between_calls"]
+    assert rounded["implied_scale_rate"] == pytest.approx(0.125, abs=1e-6)
+    hlo = ("%command_buffer.3 (p: bf16[4]) -> bf16[4] {\n  %c = custom-call(), custom_call_target=\"__cudnn$fmhaSoftmaxDropout\"\n}\n"
+           "ENTRY %main {\n  %x = call(), to_apply=%command_buffer.3\n}")
+    assert check.fmha_in_command_buffer(hlo)
+    assert not check.fmha_in_command_buffer(hlo.replace("%command_buffer.3 (", "%fused.3 ("))
 
 
 def test_result_lines_put_each_ours_variant_beside_the_runs_peer_and_peak(tmp_path):
@@ -68,7 +128,7 @@ def test_a_spent_budget_skips_every_step_and_says_so(tmp_path):
         ("base", "skipped"), ("records", "skipped"), ("finetune", "skipped"), ("accuracy", "skipped"),
         ("session", "end")]
     assert not (out / "gpu_results.jsonl").exists()  # nothing measured, nothing recorded
-    assert records[0]["reason"].startswith("65 s expected")
+    assert records[0]["reason"].startswith("125 s expected")
     assert f"winner: {BASE}\n" in (out / "summary.md").read_text()
 
 

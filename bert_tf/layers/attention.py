@@ -18,8 +18,11 @@ from bert_tf.layers.layout import TokenLayout
 # Added to the scores of masked positions before the softmax (the original's value).
 MASKED_SCORE_BIAS = -10000.0
 # How training computes softmax(q k^T) v: "xla", TensorFlow's ops (what XLA fuses under jit_compile, the
-# default); "cudnn", cuDNN's fused flash attention under XLA on an NVIDIA GPU (layers/fused_attention.py).
-ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
+# default); "cudnn", cuDNN's fused flash attention under XLA on an NVIDIA GPU (layers/fused_attention.py), on
+# q/k/v with their heads transposed apart ([B, N, S, D]); "cudnn_btnh", the same on the projections merely
+# reshaped ([B, S, N, D]: no head transposes before the calls, a GPU candidate).
+ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn", "cudnn_btnh")
+_CUDNN_LAYOUTS = {"cudnn": "BNTH", "cudnn_btnh": "BTNH"}
 
 
 def attention_bias_from_mask(input_mask):
@@ -90,6 +93,7 @@ class SelfAttention(keras.layers.Layer):
     or float16, unpacked rows whose real tokens come first, not causal; attention
     dropout is cuDNN's, with a seed fixed per layer); inference calls keep the
     ops of "xla" (the same function), so models build, evaluate and export anywhere.
+    "cudnn_btnh" is "cudnn" with q/k/v as [B, S, N, D] (fused_attention's BTNH).
     """
 
     def __init__(
@@ -106,7 +110,7 @@ class SelfAttention(keras.layers.Layer):
         if attention_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attention_implementation must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, "
                              f"got {attention_implementation!r}")
-        if attention_implementation == "cudnn" and causal:
+        if attention_implementation in _CUDNN_LAYOUTS and causal:
             raise ValueError("cudnn attention takes a padding mask only; a causal encoder needs the xla one")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
@@ -160,14 +164,24 @@ class SelfAttention(keras.layers.Layer):
             queries, query_layout = x, layout
         elif self.causal:
             raise ValueError("causal attention computes every position; it takes no separate queries")
-        q = query_layout.to_heads(self.query(queries), self.num_heads)  # [B, N, F, D]
-        k = layout.to_heads(self.key(x), self.num_heads)  # [B, N, T, D]
-        v = layout.to_heads(self.value(x), self.num_heads)  # [B, N, T, D]
-        if self.attention_implementation == "cudnn" and training:
-            context = self._cudnn_context(q, k, v, input_mask, separate_queries=queries is not x)  # [B, N, F, D]
+        cudnn_layout = _CUDNN_LAYOUTS.get(self.attention_implementation) if training else None
+        if cudnn_layout == "BTNH":  # the projections' rows as [B, S, N, D]: a reshape on the dense layout
+            q = self._btnh(query_layout, self.query(queries))  # [B, F, N, D]
+            k = self._btnh(layout, self.key(x))  # [B, T, N, D]
+            v = self._btnh(layout, self.value(x))  # [B, T, N, D]
+            context = self._cudnn_context(q, k, v, input_mask, queries is not x, cudnn_layout)  # [B, F, N, D]
+            batch, length = ops.shape(context)[0], ops.shape(context)[1]
+            context_rows = query_layout.to_rows(ops.reshape(context, (batch, length, self.hidden_size)))  # [Q, H]
         else:
-            context = self._context(q, k, v, input_mask, layout, training, dropout_seed)  # [B, N, F, D]
-        out = self.output_dense(query_layout.from_heads(context))  # query rows [Q, H]
+            q = query_layout.to_heads(self.query(queries), self.num_heads)  # [B, N, F, D]
+            k = layout.to_heads(self.key(x), self.num_heads)  # [B, N, T, D]
+            v = layout.to_heads(self.value(x), self.num_heads)  # [B, N, T, D]
+            if cudnn_layout:
+                context = self._cudnn_context(q, k, v, input_mask, queries is not x, cudnn_layout)  # [B, N, F, D]
+            else:
+                context = self._context(q, k, v, input_mask, layout, training, dropout_seed)  # [B, N, F, D]
+            context_rows = query_layout.from_heads(context)  # [Q, H]
+        out = self.output_dense(context_rows)  # query rows [Q, H]
         return query_layout.to_grid(out) if grid_input else out
 
     def _context(self, q, k, v, input_mask, layout, training, dropout_seed=None):
@@ -187,19 +201,26 @@ class SelfAttention(keras.layers.Layer):
             probs = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
         return ops.matmul(probs, v)  # [B, N, F, D]
 
-    def _cudnn_context(self, q, k, v, input_mask, separate_queries: bool):
-        """The same through cuDNN's fused attention: [B, N, F, D]. Each row's keys are its first
-        sum(input_mask) positions (at least one: the XLA path gives a row without keys uniform
-        weights); its queries the same ones, or all F when the queries are apart (the last block's)."""
+    def _btnh(self, layout, rows):
+        """[T, N * D] rows -> [B, S, N, D] (the grid, then the heads split off the channels)."""
+        grid = layout.to_grid(rows)  # [B, S, H]
+        return ops.reshape(grid, (ops.shape(grid)[0], ops.shape(grid)[1], self.num_heads, self.head_size))
+
+    def _cudnn_context(self, q, k, v, input_mask, separate_queries: bool, layout: str):
+        """The same through cuDNN's fused attention: [B, N, F, D] (layout "BNTH") or [B, F, N, D]
+        ("BTNH"). Each row's keys are its first sum(input_mask) positions (at least one: the XLA path
+        gives a row without keys uniform weights); its queries the same ones, or all F when the
+        queries are apart (the last block's)."""
         if len(input_mask.shape) != 2:
             raise ValueError("cudnn attention takes an input_mask [B, S]; packed rows need the xla attention")
         key_lengths = ops.maximum(ops.sum(ops.cast(input_mask, "int32"), axis=1), 1)  # [B]
-        query_lengths = ops.full_like(key_lengths, ops.shape(q)[2]) if separate_queries else key_lengths
+        query_count = ops.shape(q)[fused_attention.SEQUENCE_AXIS[layout]]
+        query_lengths = ops.full_like(key_lengths, query_count) if separate_queries else key_lengths
         rate = float(self.dropout.rate) if self.dropout.fusable(True) else 0.0
         # A fixed seed per layer (cuDNN's mask is an attribute of the compiled call, not a tensor).
         seed = zlib.crc32(self.path.encode()) % 2**31
         return fused_attention.fused_attention(q, k, v, query_lengths, key_lengths, 1.0 / math.sqrt(self.head_size),
-                                               dropout_rate=rate, seed=seed)
+                                               dropout_rate=rate, seed=seed, layout=layout)
 
     def get_config(self):
         config = super().get_config()

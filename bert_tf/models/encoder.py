@@ -71,7 +71,8 @@ class BertEncoder(keras.Model):
 
     `attention_implementation` picks how training computes attention
     (layers/attention.py ATTENTION_IMPLEMENTATIONS): "xla" (the default), or
-    "cudnn", cuDNN's fused attention in an XLA-compiled step on an NVIDIA GPU.
+    "cudnn", cuDNN's fused attention in an XLA-compiled step on an NVIDIA GPU
+    ("cudnn_btnh": the same without the head transposes, a GPU candidate).
     The same variables and the same function: checkpoints do not record it.
 
     `gradient_checkpointing=True` keeps only each block's input for the backward pass, which
