@@ -62,7 +62,10 @@ def test_whole_step_gives_the_same_weights_as_todays_step(tmp_path):
     today, whole = runs
     assert whole.step.whole_step_fn is not None and today.step.whole_step_fn is None
     assert int(whole.global_step.numpy()) == STEPS
-    assert whole.step_losses == today.step_losses  # bit for bit: the same forward pass and loss
+    # The first step's loss bit for bit (the same weights, the same forward pass and loss); the later ones from
+    # weights that differ by float32 rounding (below), so to a few ulps: seen 1e-7 relative at step 4.
+    assert whole.step_losses[0] == today.step_losses[0]
+    np.testing.assert_allclose(whole.step_losses, today.step_losses, rtol=8 * FLOAT32_EPS, atol=0)
     # The weights to float32 rounding: in one program XLA fuses across what were program boundaries (the
     # gradients' last ops with the update), which can round differently (a multiply-add contracted, a sum
     # in another order). Seen on CPU: most variables differ in some elements, by 4e-9 at most.
