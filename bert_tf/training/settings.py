@@ -98,8 +98,6 @@ class TrainSettings:
         if self.steps_per_program <= 0:
             raise ValueError(f"steps_per_program must be positive, got {self.steps_per_program}")
         k = self.steps_per_program
-        if k > 1 and not self.compile_whole_step:
-            raise ValueError(f"steps_per_program {k} runs whole steps in one XLA program: it needs compile_whole_step")
         for name, value in (("iterations_per_loop", self.iterations_per_loop),
                             ("save_checkpoints_steps", self.save_checkpoints_steps)):
             if value is not None and value % k:
@@ -116,6 +114,9 @@ class TrainSettings:
         (from the strategy). The rest is check()'s, done before."""
         if train_steps <= 0:
             raise ValueError(f"num_train_steps must be positive, got {train_steps}")
+        if self.steps_per_program > 1 and not self.compile_whole_step:  # (decided with the strategy: not check()'s)
+            raise ValueError(f"steps_per_program {self.steps_per_program} runs whole steps in one XLA program: "
+                             "it needs compile_whole_step")
         if train_steps % self.steps_per_program:
             raise ValueError(f"num_train_steps {train_steps} must be a multiple of steps_per_program "
                              f"{self.steps_per_program}")
