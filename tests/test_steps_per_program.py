@@ -131,8 +131,6 @@ def test_k_steps_per_program_with_float16_loss_scaling(tmp_path):
 
 @pytest.mark.parametrize("settings, message", [
     (dict(steps_per_program=0), "steps_per_program must be positive, got 0"),
-    (dict(steps_per_program=4, jit_compile=True), "steps_per_program 4 runs whole steps in one XLA program: "
-                                                  "it needs compile_whole_step"),
     (dict(steps_per_program=4, compile_whole_step=True, iterations_per_loop=6),
      "iterations_per_loop 6 must be a multiple of steps_per_program 4"),
     (dict(steps_per_program=4, compile_whole_step=True, save_checkpoints_steps=10),
@@ -152,6 +150,11 @@ def test_settings_accept_whole_programs_and_validate_the_run_steps():
     settings.validate(1, train_steps=16, global_batch_size=8)
     with pytest.raises(ValueError, match="^num_train_steps 10 must be a multiple of steps_per_program 4$"):
         settings.validate(1, train_steps=10, global_batch_size=8)
+    # The whole step is decided with the strategy (bert_setup), after check(): validate() asks for it.
+    TrainSettings(steps_per_program=4, jit_compile=True, save_checkpoints_steps=8).check()
+    with pytest.raises(ValueError, match="^steps_per_program 4 runs whole steps in one XLA program: it needs "
+                                         "compile_whole_step$"):
+        TrainSettings(steps_per_program=4, jit_compile=True).validate(1, train_steps=8, global_batch_size=8)
 
 
 def test_automatic_host_calls_run_whole_programs():
