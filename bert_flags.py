@@ -59,6 +59,10 @@ def define_optimizer_flags(learning_rate: float):
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "How often to save the model checkpoint.")
     flags.DEFINE_integer("iterations_per_loop", None, "How many steps to run per host call (and per log line). "
                          "Default: from the measured step time, a line at least every 30 s and each tenth of the run.")
+    flags.DEFINE_integer("steps_per_program", 1, "Whole training steps per compiled program: one XLA loop runs them "
+                         "over that many batches already on the device, so the host launches one program per N "
+                         "steps (a GPU/TPU option). Needs the whole step (--compile_whole_step: XLA, one device); "
+                         "--num_train_steps, --save_checkpoints_steps and --iterations_per_loop multiples of N.")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "How many recent checkpoints to keep.")
     flags.DEFINE_integer("seed", 12345, "Random seed (initialisation, dropout, shuffling).")
     flags.DEFINE_string("profile_steps", None, "N,M: capture a TensorBoard profile of global steps N to M into "
@@ -102,7 +106,7 @@ def unchecked_train_settings():
         clip_norm=FLAGS.clip_norm, mixed_precision=FLAGS.mixed_precision,
         iterations_per_loop=FLAGS.iterations_per_loop, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max, gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
-        seed=FLAGS.seed, profile_steps=profile_steps(),
+        seed=FLAGS.seed, profile_steps=profile_steps(), steps_per_program=FLAGS.steps_per_program,
         gradient_checkpointing=bool(FLAGS.gradient_checkpointing) if "gradient_checkpointing" in FLAGS else False,
         head_learning_rate=FLAGS.head_learning_rate if "head_learning_rate" in FLAGS else None)
     strategy_name()  # --use_tpu against --distribution_strategy

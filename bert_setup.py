@@ -165,7 +165,11 @@ def train_settings_for(train, strategy, config_asks_checkpointing: bool = False)
     """`train` (bert_flags.train_settings, checked) with XLA as the strategy's devices decide (use_jit), and
     gradient checkpointing as the flag or the model's config.json asks (use_gradient_checkpointing)."""
     jit = use_jit(strategy)
-    return dataclasses.replace(train, jit_compile=jit, compile_whole_step=use_whole_step(strategy, jit),
+    whole = use_whole_step(strategy, jit)
+    if train.steps_per_program > 1 and not whole:
+        fail(f"--steps_per_program {train.steps_per_program} runs whole steps in one XLA program: it needs "
+             "--compile_whole_step (and --jit_compile, one device)")
+    return dataclasses.replace(train, jit_compile=jit, compile_whole_step=whole,
                                gradient_checkpointing=use_gradient_checkpointing(config_asks_checkpointing))
 
 

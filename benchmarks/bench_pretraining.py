@@ -18,7 +18,8 @@ Variants, `{impl}-{precision}-{mode}`:
   ours-*-xla+OPTION[+OPTION...]   a GPU candidate (MODEL_OPTIONS, XLA_PRESETS): +cudnn (cuDNN fused
            attention), +whole (the whole step as one XLA program), +adrop0 (attention dropout 0),
            +noclock (the host enqueues the next step without waiting for this one's outputs), +devfeed
-           (batches prefetched onto the device), +plain_epilogues (bias+GELU and LayerNorm as plain ops), +cb_off / +cb_fusion (XLA command buffers off / fusions
+           (batches prefetched onto the device), +k8 (8 whole steps per compiled program, fed as +devfeed;
+           needs +whole), +plain_epilogues (bias+GELU and LayerNorm as plain ops), +cb_off / +cb_fusion (XLA command buffers off / fusions
            only), +triton_off (no Triton GEMMs), +cublaslt, +cudnn_ln (XLA flags of the variant's own
            process), +gpu_private (TF_GPU_THREAD_MODE=gpu_private there); benchmarks/gpu_matrix.py runs them.
            Without +noclock ours keeps the input-wait clock (the scripts' default before 2026-11-28, so the
@@ -111,6 +112,9 @@ MODEL_OPTIONS = {
                "(TrainSettings.input_wait_clock=False)",
     "devfeed": "batches prefetched onto the device by tf.distribute's input (experimental_fetch_to_device) instead "
                "of a host dataset the step copies from (TrainSettings.device_input)",
+    "k8": "8 whole steps per compiled program: one XLA loop over 8 batches stacked and prefetched onto the device "
+          "(TrainSettings.steps_per_program=8, implies devfeed; needs whole); its host calls run --steps rounded "
+          "up to a multiple of 8",
     "plain_epilogues": "the blocks' bias+GELU, dropout+add and LayerNorm as plain ops with TensorFlow's own "
                        "gradients, which XLA's cuBLASLt epilogue and cuDNN LayerNorm can match, instead of the "
                        "fused custom-gradient kernels (BertEncoder plain_epilogues)",
@@ -149,6 +153,8 @@ def variant_error(name):
         return f"{name}: unknown option(s) {', '.join(unknown)}; expected some of {', '.join(known)}"
     if options and not (base.startswith("ours-") and base.endswith("-xla")):
         return f"{name}: options apply to ours-*-xla variants only"
+    if "k8" in options and "whole" not in options:
+        return f"{name}: k8 runs whole steps in one program: it needs +whole"
     return None
 
 
@@ -181,7 +187,7 @@ def bert_config(size, **overrides):
 PEERS = ("tfm", "hf")  # variant prefixes of the peer implementations
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # variant name -> TrainSettings'
 # The matmul peak's shape: `reps` independent products of [n, n] x [n, n], `calls` times per trial.
-PROFILE_STEPS = 5  # steps of the profiled call (--profile): a few, so a GPU trace stays small
+PROFILE_STEPS = 8  # steps of the profiled call (--profile): a few, so a GPU trace stays small; one +k8 program
 PEAK_SHAPE = {"cpu": dict(n=1024, reps=8, calls=1), "gpu": dict(n=8192, reps=4, calls=10)}
 TORCH_THREADS = 2
 # Our "gelu" is the tanh approximation; transformers' "gelu_pytorch_tanh" is that function as one fused
@@ -379,9 +385,14 @@ class _CpuStampedList(list):
         super().append(item)
 
 
-def profile_steps(args) -> int:
-    """Steps of the profiled host call after the timed ones (0: no profile)."""
-    return min(args.steps, PROFILE_STEPS) if getattr(args, "profile_dir", None) else 0
+def profile_steps(args, per_program: int = 1) -> int:
+    """Steps of the profiled host call after the timed ones (0: no profile), whole programs of `per_program`."""
+    return -(-min(args.steps, PROFILE_STEPS) // per_program) * per_program if getattr(args, "profile_dir", None) else 0
+
+
+def steps_per_program(options) -> int:
+    """K of a variant's options (+k8: 8), 1 without."""
+    return 8 if "k8" in options else 1
 
 
 def run_ours(args, precision, xla, options=()):
@@ -397,6 +408,9 @@ def run_ours(args, precision, xla, options=()):
     from bert_tf.training.strategy import get_strategy
 
     retain_freed_memory()  # as run_pretraining.py (bert_setup.make_strategy)
+    k = steps_per_program(options)
+    # Host calls of whole K-step programs: --steps rounded up to a multiple of K (the timed steps with it).
+    args = argparse.Namespace(**dict(vars(args), steps=-(-args.steps // k) * k))
     device = tf_device(args.device)
     layers, hidden = SIZES[args.size]
     config = bert_config(args.size, **(dict(attention_probs_dropout_prob=0.0) if "adrop0" in options else {}))
@@ -410,12 +424,12 @@ def run_ours(args, precision, xla, options=()):
     batches = _batches(args)
     with tempfile.TemporaryDirectory() as model_dir:
         timed_end = args.steps * (args.loops + 1)
-        extra = profile_steps(args)  # profiled after the timed loops, in a host call of its own
+        extra = profile_steps(args, k)  # profiled after the timed loops, in a host call of its own
         settings = TrainSettings(iterations_per_loop=args.steps, save_checkpoints_steps=10**9,
                                       mixed_precision=precision, jit_compile=xla,
                                       compile_whole_step="whole" in options,
                                       input_wait_clock="noclock" not in options,
-                                      device_input="devfeed" in options,
+                                      device_input="devfeed" in options or k > 1, steps_per_program=k,
                                       profile_steps=(timed_end + 1, timed_end + extra) if extra else None)
         trainer = loop.Trainer(
             get_strategy("one_device"), settings, model_fn, pretraining_loss_fn,
@@ -825,11 +839,13 @@ def feeding(names, device) -> str:
         return "every variant from host memory (the CPU is the device)"
     parts = []
     ours = [n for n in names if n.startswith("ours-")]
-    if any("devfeed" not in split_variant(n)[1] for n in ours):
+    fed = [n for n in ours if {"devfeed", "k8"} & set(split_variant(n)[1])]
+    if len(fed) < len(ours):
         parts.append("ours from a cached tf.data dataset in host memory, each step's batch copied to the GPU "
                      "by the step's call")
-    if any("devfeed" in split_variant(n)[1] for n in ours):
-        parts.append("ours+devfeed prefetched onto the GPU by tf.distribute (experimental_fetch_to_device)")
+    if fed:
+        parts.append("ours+devfeed prefetched onto the GPU by tf.distribute (experimental_fetch_to_device)"
+                     + (", +k8 stacked 8 steps to an element" if any("k8" in split_variant(n)[1] for n in fed) else ""))
     if any(n.startswith("tfm-") for n in names):
         parts.append("tfm from a cached tf.data dataset in host memory")
     if any(n.startswith("hf-") for n in names):

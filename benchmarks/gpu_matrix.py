@@ -54,10 +54,11 @@ BASELINE = "ours-bf16-xla+whole+cudnn_ln"
 # come first. noclock and devfeed: the profile's idle time (10.8 ms per BERT-base step against HF's 1.8),
 # where the host waits for each step, then fetches and copies the next batch (the scripts now leave the
 # clock off on a GPU; BASELINE keeps it, as measured on 2026-11-27); cudnn: the attention's [B, N, S, S]
-# traffic; btnh: cudnn without the head transposes of q/k/v and dO; cublaslt, plain_epilogues: elementwise
+# traffic; k8: after those, 8 whole steps per compiled program (fed as devfeed), one host launch per 8 steps
+# (its matrix run compiles one loop whose body is the step: a variant's COST); btnh: cudnn without the head transposes of q/k/v and dO; cublaslt, plain_epilogues: elementwise
 # fusions (23.8 ms against HF's 10.6). (Measured on the
 # H200 on top of whole, 2026-11-27: cb_off and triton_off slower, adrop0 1.01x.)
-CANDIDATES = ("noclock", "devfeed", "cudnn", "btnh", "cublaslt", "plain_epilogues", "gpu_private", "cb_fusion", "adrop0",
+CANDIDATES = ("noclock", "devfeed", "k8", "cudnn", "btnh", "cublaslt", "plain_epilogues", "gpu_private", "cb_fusion", "adrop0",
               "cb_off", "triton_off")
 MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attention dropout costs, never the winner
 # Settings of one flag, or one setting and its variant (btnh is cudnn in another layout): at most one of each
@@ -78,7 +79,8 @@ COST = dict(smoke=125, variant=85, combination=170, base=215, packed=200, finetu
 # Arguments per step: on the GPU, and for a dry run on a CPU (tiny sizes, the same code paths).
 GPU_ARGS = dict(
     smoke=["--batch=32", "--seq=128"],
-    matrix=["--device=gpu", "--size=base4", "--batch=256", "--seq=128", "--steps=10", "--loops=2", "--no_peaks"],
+    # --steps: a multiple of 8, so +k8 runs the steps per call every variant runs
+    matrix=["--device=gpu", "--size=base4", "--batch=256", "--seq=128", "--steps=16", "--loops=2", "--no_peaks"],
     base=["--device=gpu", "--size=base", "--batch=256", "--seq=128", "--steps=20", "--loops=2", "--profile"],
     peer="hf-bf16-compile",
     packed=["--device=gpu", "--size=base", "--batch=256", "--steps=10", "--loops=2", "--no_peaks"],

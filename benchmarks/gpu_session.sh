@@ -6,7 +6,7 @@
 #                                             # default, its dropout masks with and without command buffers:
 #                                             # smoke/fused_attention_check.json, smoke/dropout_masks.jsonl),
 #                                             # A/B matrix on 4 layers of BERT-base width
-#                                             # (+noclock, +devfeed, +cudnn, +btnh, +cublaslt, +plain_epilogues,
+#                                             # (+noclock, +devfeed, +k8, +cudnn, +btnh, +cublaslt, +plain_epilogues,
 #                                             # +gpu_private, ...), the best combination, the winner vs HF
 #                                             # torch.compile on BERT-base with both profiles, packed vs padded,
 #                                             # then fine-tuning and the accuracy check while time is left

@@ -121,10 +121,17 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert bench.variant_error("ours-bf16-xla+cudnn+whole+adrop0+triton_off") is None
     assert bench.variant_error("ours-bf16-xla+flash") == (
         "ours-bf16-xla+flash: unknown option(s) flash; expected some of cudnn, btnh, whole, adrop0, noclock, devfeed, "
-        "plain_epilogues, cb_off, cb_fusion, triton_off, cublaslt, cudnn_ln, gpu_private")
+        "k8, plain_epilogues, cb_off, cb_fusion, triton_off, cublaslt, cudnn_ln, gpu_private")
     assert bench.variant_error("hf-bf16-compile+cb_off") == "hf-bf16-compile+cb_off: options apply to ours-*-xla variants only"
     assert bench.variant_error("ours-bf16-graph+whole") == "ours-bf16-graph+whole: options apply to ours-*-xla variants only"
     assert bench.variant_error("ours-int8-xla") == "unknown variant ours-int8-xla"
+    assert bench.variant_error("ours-bf16-xla+k8") == "ours-bf16-xla+k8: k8 runs whole steps in one program: it needs +whole"
+    assert bench.variant_error("ours-bf16-xla+whole+k8") is None
+    assert [bench.steps_per_program(o) for o in (["whole", "k8"], ["whole", "devfeed"])] == [8, 1]
+    # the profiled call: whole programs (a +k8 variant's is one program of 8 steps)
+    profiled = argparse.Namespace(steps=20, profile_dir="p")
+    assert (bench.profile_steps(profiled), bench.profile_steps(profiled, 8), bench.profile_steps(
+        argparse.Namespace(steps=3, profile_dir="p"), 8), bench.profile_steps(argparse.Namespace(steps=20))) == (8, 8, 8, 0)
     # The presets' flags join the environment's (on_gpu.sh puts --xla_gpu_cuda_data_dir there); model options add none.
     assert bench.xla_flags("ours-bf16-xla+cudnn+cb_off+cublaslt", "--xla_gpu_cuda_data_dir=/cuda") == (
         "--xla_gpu_cuda_data_dir=/cuda --xla_gpu_enable_command_buffer= --xla_gpu_enable_cublaslt=true")
@@ -138,6 +145,9 @@ def test_gpu_candidate_variants_parse_and_set_their_xla_flags():
     assert fed.startswith("ours from a cached tf.data dataset in host memory") and "ours+devfeed prefetched onto the GPU" in fed
     assert fed.endswith("hf with every batch moved to the GPU once, before the first step")
     assert bench.feeding(["ours-bf16-xla+devfeed"], "gpu").startswith("ours+devfeed")
+    assert bench.feeding(["ours-bf16-xla+whole+k8"], "gpu") == (
+        "ours+devfeed prefetched onto the GPU by tf.distribute (experimental_fetch_to_device), +k8 stacked 8 steps "
+        "to an element")
     # The XLA cache: a folder per preset set, so no variant loads a program compiled under other flags.
     env = bench.variant_env(dict(TF_XLA_FLAGS="--tf_xla_auto_jit=0"), "ours-bf16-xla+whole+cb_off+cublaslt", "/c")
     assert env["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory=/c/cb_off+cublaslt"

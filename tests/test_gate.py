@@ -111,6 +111,10 @@ def test_required_flags_are_one_line(script, args, message):
     (["--objective=mlm", "--use_next_sentence_prediction=true"],
      "--use_next_sentence_prediction=True contradicts --objective=mlm"),
     (["--masked_lm_prob=0"], "masked_lm_prob must be in (0, 1], got 0.0"),
+    (["--steps_per_program=4", "--save_checkpoints_steps=6"],
+     "save_checkpoints_steps 6 must be a multiple of steps_per_program 4"),
+    (["--steps_per_program=8", "--save_checkpoints_steps=8"], "num_train_steps 20 must be a multiple of "
+                                                              "steps_per_program 8"),
 ])
 def test_pretraining_flags_no_run_can_use_are_one_line(tmp_path, config_file, extra, message):
     _one_line_error(_pretraining(tmp_path, config_file, *extra), message)

@@ -31,6 +31,19 @@ def test_combination_takes_the_candidates_that_beat_the_baseline_one_per_flag():
     assert matrix.options_of(f"{BASE}+cudnn+cb_fusion") == ["cudnn", "cb_fusion"] and matrix.options_of(BASE) == []
 
 
+def test_k8_follows_the_host_gap_candidates_and_combines_with_them():
+    matrix = benchmark_module("gpu_matrix")
+    assert matrix.CANDIDATES[:3] == ("noclock", "devfeed", "k8")  # the idle between steps first, by time at stake
+    ratios = matrix.speedups({BASE: dict(seq_per_s=100.0), f"{BASE}+noclock": dict(seq_per_s=105.0),
+                              f"{BASE}+devfeed": dict(seq_per_s=103.0), f"{BASE}+k8": dict(seq_per_s=112.0)})
+    assert matrix.choose_combination(ratios) == ["noclock", "devfeed", "k8"]  # k8 implies devfeed: no conflict
+    assert matrix.winner(ratios) == f"{BASE}+k8"
+    # Every variant of the matrix runs the same steps per call: whole programs of k8's 8 steps.
+    steps = [int(a.split("=")[1]) for a in matrix.GPU_ARGS["matrix"] if a.startswith("--steps=")]
+    assert steps == [16]
+    assert benchmark_module("bench_pretraining").variant_error(matrix.variant(["k8"])) is None
+
+
 def test_btnh_and_cudnn_are_one_choice_and_a_failed_dropout_check_keeps_both_from_winning():
     matrix = benchmark_module("gpu_matrix")
     ratios = matrix.speedups({BASE: dict(seq_per_s=100.0), f"{BASE}+cudnn": dict(seq_per_s=105.0),

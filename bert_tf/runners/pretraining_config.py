@@ -125,3 +125,6 @@ class PretrainingConfig:
             self.train.check()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self.do_train and self.num_train_steps % self.train.steps_per_program:
+            raise ConfigError(f"num_train_steps {self.num_train_steps} must be a multiple of steps_per_program "
+                              f"{self.train.steps_per_program}")

@@ -137,7 +137,7 @@ class Checkpoints:
         return self.checkpoint_input_pipeline and isinstance(self.strategy, tf.distribute.OneDeviceStrategy)
 
     def resume_input(self, distribute: Callable, dataset_fn, per_replica: int, micro_batches: int, signature: str,
-                     restored: Optional[str], step: int, live=None):
+                     restored: Optional[str], step: int, live=None, steps_per_element: int = 1):
         """(iterator, checkpoint manager) for train(), positioned where the restored checkpoint's input
         stopped (docs/reliability.md, rule 3):
         - the same input in the same process: the iterator the last train() call left (`live`:
@@ -147,7 +147,8 @@ class Checkpoints:
           step consumed, so with a seed the batches follow on exactly and no example comes twice early;
         - another input (two-phase pretraining: seq 128 then 512): weights, optimizer and step resume,
           the new input starts at its beginning; one log line says which of these happened.
-        distribute(dataset_fn, per_replica, micro_batches, skip_batches=0) makes the input (Trainer.distribute)."""
+        distribute(dataset_fn, per_replica, micro_batches, skip_batches=0, steps_per_element=1) makes the input
+        (Trainer.distribute); steps_per_element: steps per element of the iterator (a K-step program's stack)."""
         old_signature = self.input_signature.numpy().decode("utf-8")
         self.input_signature.assign(signature)
         checkpointable = self.can_checkpoint_iterator()
@@ -158,7 +159,8 @@ class Checkpoints:
         if same_input and not checkpointable:
             skip = step * micro_batches * max(1, self.strategy.num_replicas_in_sync //
                                               max(1, self.num_input_pipelines()))
-        iterator = iter(distribute(dataset_fn, per_replica, micro_batches, skip_batches=skip))
+        iterator = iter(distribute(dataset_fn, per_replica, micro_batches, skip_batches=skip,
+                                   steps_per_element=steps_per_element))
         manager = self.manager(iterator if checkpointable else None)
         if restored is None:
             return iterator, manager
@@ -176,14 +178,14 @@ class Checkpoints:
                 # definition: move this one past what the step consumed. (Advanced in place, not with
                 # Dataset.skip, so the definition, and so the next save's position, stays restorable.)
                 logger.info("input position of %s not restored (%s)", os.path.basename(restored), first_line(e)[:160])
-                iterator = iter(distribute(dataset_fn, per_replica, micro_batches))
+                iterator = iter(distribute(dataset_fn, per_replica, micro_batches, steps_per_element=steps_per_element))
                 manager = self.manager(iterator)
                 skip = step * micro_batches
         if skip:
             logger.info("input position: skipping the %d batch(es) per input pipeline consumed by step %d "
                         "(reads them once, trains on none)", skip, step)
-            if checkpointable:
-                advance(iterator, skip)
+            if checkpointable:  # (its elements group micro_batches x steps_per_element batches)
+                advance(iterator, skip // (micro_batches * steps_per_element))
         return iterator, manager
 
     def num_input_pipelines(self) -> int:

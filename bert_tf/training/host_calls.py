@@ -40,18 +40,21 @@ class CallSizer:
     same_on_all_workers: bool = False
     seconds_per_step: Optional[float] = None  # the last call's measure (None: none yet)
     last_steps: int = 0
+    multiple: int = 1  # steps per compiled program (TrainSettings.steps_per_program): calls run whole programs
 
     def steps(self, step: int) -> int:
-        """The next call's steps from global step `step` (before the loop's own caps)."""
+        """The next call's steps from global step `step` (before the loop's own caps): automatic sizes
+        are rounded down to a multiple of `multiple`, at least one program (a tenth's mark may then pass)."""
         if self.fixed:
             return self.fixed
         if self.same_on_all_workers:
             n = MULTI_WORKER_STEPS
         elif self.seconds_per_step is None:
-            n = FIRST_CALL_STEPS
+            n = FIRST_CALL_STEPS * self.multiple  # the first program compiles, the second measures
         else:
             n = min(int(self.target_seconds / max(self.seconds_per_step, 1e-9)), GROWTH * max(self.last_steps, 1))
-        return max(1, min(n, next_mark(step, self.total_steps) - step))
+        n = max(1, min(n, next_mark(step, self.total_steps) - step))
+        return max(self.multiple, n // self.multiple * self.multiple)
 
     def observe(self, steps: int, timed_steps: int, seconds: float) -> None:
         """A call of `steps` steps ran; `seconds` is the time of its `timed_steps` (those after a compiling

@@ -30,7 +30,8 @@ def mask_feature(element_spec) -> Optional[str]:
     return None
 
 
-def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Optional[str], clock_input: bool = True):
+def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Optional[str], clock_input: bool = True,
+                    steps_per_program: int = 1):
     """The host call of `num_steps` steps: (losses, metric sums, mean gradient norm, health), where
     health = {input_wait_seconds: time the loop was blocked in the input iterator's get_next,
     summed over the steps; real_tokens, positions: nonzero entries of the batches' `mask_key`
@@ -45,21 +46,28 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
 
     clock_input False: no clock, input_wait_seconds NaN (not measured). The clock makes the host wait for
     each step's outputs before it asks for the next batch and enqueues the next step, so an accelerator
-    idles between steps for the host's share of a step (TrainSettings.input_wait_clock)."""
+    idles between steps for the host's share of a step (TrainSettings.input_wait_clock).
+
+    steps_per_program K > 1: each element of the iterator stacks K batches [K, ...] and replica_step runs
+    the K steps (TrainStep.program_fn) -> (losses [K], metric terms summed over them, gradient norms [K]);
+    num_steps (a multiple of K) still counts steps, the loop makes num_steps / K calls, the wait is clocked
+    per program and the tokens are counted over the stack."""
     names = list(metric_names)
 
     def count_tokens(batch):
         mask = tf.cast(tf.not_equal(batch[mask_key], 0), tf.float32)
         return tf.reduce_sum(mask), tf.cast(tf.size(mask), tf.float32)
 
+    k = steps_per_program
+
     @tf.function
     def train_loop(iterator, num_steps):
-        losses = tf.TensorArray(tf.float32, size=num_steps)
+        losses = tf.TensorArray(tf.float32, size=num_steps // k, element_shape=[k])
         sums = {n: (tf.constant(0.0), tf.constant(0.0)) for n in names}
         norm_sum = tf.constant(0.0)
         wait, real, positions = tf.constant(0.0, tf.float64), tf.constant(0.0), tf.constant(0.0)
         done = tf.constant(0.0)  # a value of the previous step: the next step's clock starts after it
-        for i in tf.range(num_steps):
+        for i in tf.range(num_steps // k):
             if clock_input:
                 with tf.control_dependencies([done]):
                     asked = tf.timestamp()
@@ -76,29 +84,30 @@ def make_train_loop(strategy, replica_step: Callable, metric_names, mask_key: Op
                 lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), terms)
             sums = tf.nest.map_structure(tf.add, sums, terms)
             norm = strategy.reduce(tf.distribute.ReduceOp.MEAN, norm, axis=None)
-            norm_sum += norm
-            losses = losses.write(i, loss)
+            norm_sum += tf.reduce_sum(norm)
+            losses = losses.write(i, tf.reshape(loss, [k]))
             if mask_key is not None:
                 r, p = strategy.run(count_tokens, args=(batch,))
                 real += strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None)
                 positions += strategy.reduce(tf.distribute.ReduceOp.SUM, p, axis=None)
             if clock_input:
-                done = loss + norm
+                done = tf.reduce_sum(loss) + tf.reduce_sum(norm)
         if not clock_input:
             wait = tf.constant(float("nan"), tf.float64)
         health = dict(input_wait_seconds=wait, real_tokens=real, positions=positions)
-        return losses.stack(), sums, norm_sum / tf.cast(num_steps, tf.float32), health
+        return tf.reshape(losses.stack(), [-1]), sums, norm_sum / tf.cast(num_steps, tf.float32), health
 
     return train_loop
 
 
-def run_host_loop(train_loop, iterator, n: int, compiling: bool):
+def run_host_loop(train_loop, iterator, n: int, compiling: bool, first_steps: int = 1):
     """Runs `n` steps through make_train_loop's function -> (losses [n] numpy, metric sums,
     mean gradient norm, health floats, seconds of the timed steps, seconds of the first step or 0).
 
-    compiling: the first step runs as a call of its own (tracing and compiling happen in it) and the
-    rest as a second call; their outputs are merged, so the loop's results are those of one call of n
-    steps, while `seconds` and the input wait in `health` cover only the n - 1 steps after the first."""
+    compiling: the first `first_steps` steps (one step, or one program of steps_per_program steps) run as a
+    call of their own (tracing and compiling happen in it) and the rest as a second call; their outputs are
+    merged, so the loop's results are those of one call of n steps, while `seconds` and the input wait in
+    `health` cover only the n - first_steps steps after the first."""
 
     def call(steps):
         start = time.time()
@@ -111,10 +120,10 @@ def run_host_loop(train_loop, iterator, n: int, compiling: bool):
         losses, sums, norm_sum, health, seconds = call(n)
         return losses, sums, norm_sum / n, health, seconds, 0.0
     xla_cache.align_trace_names()  # a resumed run traces its step under a fresh run's names: the cache hits
-    losses, sums, norm_sum, health, first_seconds = call(1)
+    losses, sums, norm_sum, health, first_seconds = call(first_steps)
     health["input_wait_seconds"], seconds = 0.0, 0.0
-    if n > 1:
-        more_losses, more_sums, more_norm, more_health, seconds = call(n - 1)
+    if n > first_steps:
+        more_losses, more_sums, more_norm, more_health, seconds = call(n - first_steps)
         losses = np.concatenate([losses, more_losses])
         sums = tf.nest.map_structure(tf.add, sums, more_sums)
         norm_sum += more_norm

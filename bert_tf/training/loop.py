@@ -149,12 +149,13 @@ class Trainer:
                                  else not strategy_lib.on_accelerator(strategy))
         self.step = TrainStep(strategy, self.model, self.optimizer, loss_fn, micro_batches=settings.num_micro_batches,
                               clip_norm=settings.clip_norm, jit_compile=settings.jit_compile, loss_scale=self.loss_scale,
-                              whole_step=settings.compile_whole_step)
+                              whole_step=settings.compile_whole_step, steps_per_program=settings.steps_per_program)
         self._grad_fn, self._eval_fn = self.step.grad_fn, self.step.eval_fn  # (tests and benchmarks read them)
         self.reporter = Reporter(model_dir, self.is_chief)
         self.progress_stream = sys.stderr  # where the live bar goes on a terminal (tests: a fake one)
         self._sizer = CallSizer(settings.iterations_per_loop, train_steps,
-                                same_on_all_workers=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
+                                same_on_all_workers=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+                                multiple=settings.steps_per_program)
         self._train_loops = {}
         self._metric_names = None
         self._preempted = False
@@ -207,18 +208,23 @@ class Trainer:
             self.reporter.hparams(self.hparams(extra), int(self.global_step.numpy()))
 
     # ------------------------------------------------------------------ public API
-    def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0):
+    def distribute(self, dataset_fn, batch_size_per_replica: int, micro_batches: int = 1, skip_batches: int = 0,
+                   steps_per_element: int = 1):
         """The input for `strategy.run`: dataset_fn(ctx, batch) per replica, its first `skip_batches`
-        batches dropped, grouped in `micro_batches` if > 1. Under OneDeviceStrategy it is a plain
-        dataset, whose iterator can be checkpointed (tf.distribute's iterators cannot), unless
+        batches dropped, grouped in `micro_batches` if > 1, those groups stacked by `steps_per_element`
+        if > 1 (one element per K-step program: [K, micro_batches, ...]). Under OneDeviceStrategy it is a
+        plain dataset, whose iterator can be checkpointed (tf.distribute's iterators cannot), unless
         settings.device_input asks for batches prefetched onto the device."""
 
         def per_replica(ctx):
             ds = dataset_fn(ctx, batch_size_per_replica)
             if skip_batches:
                 ds = ds.skip(skip_batches)
-            if micro_batches > 1:
-                ds = ds.batch(micro_batches, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+            for group in (micro_batches, steps_per_element):
+                if group > 1:
+                    ds = ds.batch(group, drop_remainder=True)
+            if micro_batches > 1 or steps_per_element > 1:
+                ds = ds.prefetch(tf.data.AUTOTUNE)
             return ds
 
         if self._single_device() and not self.settings.device_input:
@@ -247,7 +253,8 @@ class Trainer:
             f"{unit}: {num_train_examples if num_train_examples is not None else 'unknown'} in the data, "
             f"{self.train_steps * self.global_batch_size:,} seen by the end",
             f"precision: {c.mixed_precision}, XLA: "
-            + ("on, the whole step as one program" if c.compile_whole_step else "on" if c.jit_compile else "off")
+            + (f"on, {c.steps_per_program} whole steps as one program" if c.steps_per_program > 1 else
+               "on, the whole step as one program" if c.compile_whole_step else "on" if c.jit_compile else "off")
             + f", clip_norm {c.clip_norm}, XLA cache: {xla_cache.current() or 'none'}"
             + f", gradient checkpointing: {'on' if c.gradient_checkpointing else 'off'}"
             + (f", XLA GPU flags: {gpu_flags}" if gpu_flags else ""),
@@ -286,13 +293,19 @@ class Trainer:
         signature = input_signature(spec, per_replica, c.num_micro_batches, replicas, input_id)
         restored = self.restore()
         step = int(self.global_step.numpy())
+        k = c.steps_per_program
+        if step % k or self.train_steps % k:
+            raise ValueError(f"steps_per_program {k} runs whole programs of {k} steps: the run's start (step {step}) "
+                             f"and end (step {self.train_steps}) must be multiples of {k}")
         iterator, manager = self.checkpoints.resume_input(self.distribute, dataset_fn, per_replica, c.num_micro_batches,
-                                                          signature, restored, step, self._live_input)
+                                                          signature, restored, step, self._live_input,
+                                                          steps_per_element=k)
         self.reporter.run_text(TRAIN_DIR, self.model, step)
         mask_key = mask_feature(spec)
         if mask_key not in self._train_loops:
             self._train_loops[mask_key] = make_train_loop(self.strategy, self.step.replica_step, self._metric_names,
-                                                          mask_key, clock_input=self.input_wait_clock)
+                                                          mask_key, clock_input=self.input_wait_clock,
+                                                          steps_per_program=k)
         train_loop = self._train_loops[mask_key]
 
         last_saved = step
@@ -316,10 +329,10 @@ class Trainer:
                 # and compiles (XLA: tens of seconds on a GPU), so speed and ETA count only the steps after it.
                 compiling = train_loop.experimental_get_tracing_count() == 0
                 losses, sums, grad_norm, health, elapsed, compile_seconds = run_host_loop(train_loop, iterator, n,
-                                                                                          compiling)
-                if compiling:  # the clock starts where the first step ended (elapsed: the steps after it)
-                    start_time, start_step = time.time() - elapsed, step + 1
-                self._sizer.observe(n, n - 1 if compiling else n, elapsed)
+                                                                                          compiling, first_steps=k)
+                if compiling:  # the clock starts where the first program ended (elapsed: the steps after it)
+                    start_time, start_step = time.time() - elapsed, step + k
+                self._sizer.observe(n, n - k if compiling else n, elapsed)
                 bad = np.flatnonzero(~np.isfinite(losses))
                 if bad.size:
                     raise TrainingError(

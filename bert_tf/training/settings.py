@@ -58,6 +58,11 @@ class TrainSettings:
     # dataset, whose batches the step copies from the host. Its iterator cannot be saved: a resumed run
     # skips the consumed batches instead (benchmarks/bench_pretraining.py +devfeed, a GPU candidate).
     device_input: bool = False
+    # K whole training steps per compiled program: the dataset is batched again by K and one XLA program runs
+    # the K steps over those batches in a loop on the device (step.py TrainStep.program_fn), so the host
+    # launches one program per K steps. Needs compile_whole_step; host calls, checkpoints and the run's steps
+    # come in multiples of K (benchmarks/bench_pretraining.py +k8, a GPU candidate).
+    steps_per_program: int = 1
     # Steps per host call, each ending with a log line; None (the default): chosen from the measured step
     # time, so a line comes at least every ~30 s and at each tenth of the run (training/host_calls.py).
     iterations_per_loop: Optional[int] = None
@@ -90,6 +95,17 @@ class TrainSettings:
             first, last = self.profile_steps
             if not 1 <= first <= last:
                 raise ValueError(f"profile_steps must be N,M with 1 <= N <= M, got {first},{last}")
+        if self.steps_per_program <= 0:
+            raise ValueError(f"steps_per_program must be positive, got {self.steps_per_program}")
+        k = self.steps_per_program
+        for name, value in (("iterations_per_loop", self.iterations_per_loop),
+                            ("save_checkpoints_steps", self.save_checkpoints_steps)):
+            if value is not None and value % k:
+                raise ValueError(f"{name} {value} must be a multiple of steps_per_program {k}")
+        if k > 1 and self.profile_steps is not None and ((self.profile_steps[0] - 1) % k or self.profile_steps[1] % k):
+            first, last = self.profile_steps
+            raise ValueError(f"profile_steps {first},{last} must cover whole programs of steps_per_program {k} "
+                             f"steps (N - 1 and M multiples of {k})")
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {', '.join(PRECISIONS)}, got {self.mixed_precision!r}")
 
@@ -98,6 +114,12 @@ class TrainSettings:
         (from the strategy). The rest is check()'s, done before."""
         if train_steps <= 0:
             raise ValueError(f"num_train_steps must be positive, got {train_steps}")
+        if self.steps_per_program > 1 and not self.compile_whole_step:  # (decided with the strategy: not check()'s)
+            raise ValueError(f"steps_per_program {self.steps_per_program} runs whole steps in one XLA program: "
+                             "it needs compile_whole_step")
+        if train_steps % self.steps_per_program:
+            raise ValueError(f"num_train_steps {train_steps} must be a multiple of steps_per_program "
+                             f"{self.steps_per_program}")
         split = num_replicas * self.gradient_accumulation_steps
         if global_batch_size <= 0 or global_batch_size % split:
             raise ValueError(

@@ -11,6 +11,10 @@ With `whole_step` (the scripts' default on one GPU) the replica step itself is o
 gradients, clipping and the optimizer update (and the loss-scale update) compiled together, instead
 of the gradient step and the optimizer's own update programs apart. One device only: the all-reduce
 then has nothing to reduce, and the update is the same arithmetic as the default's.
+With `steps_per_program` K > 1 one XLA program runs K whole steps over a stack of K batches in a
+while loop on the device (`program_fn`): the host launches one program per K steps. Each inner step is
+the whole step itself, so the weights, optimizer slots and iteration (the learning rate), dropout's
+seed states and the loss scale advance per step as with K programs of one step.
 Metrics travel as (value x weight, weight) terms so that sums over steps and replicas average with
 the weights (e.g. masked-LM accuracy over real predictions). No directory, checkpoint, summary
 writer or host clock is seen here: the loop (inner_loop.py) runs these steps, the Trainer (loop.py)
@@ -95,10 +99,12 @@ class TrainStep:
       loss_scale: a LossScale (float16) or None.
       whole_step: compile the whole replica step (update included) as one XLA program (needs
         jit_compile and one replica).
+      steps_per_program: K whole steps per compiled program (needs whole_step): replica_step then takes
+        batches stacked [K, ...] and returns the K losses and gradient norms.
     """
 
     def __init__(self, strategy, model, optimizer, loss_fn, *, micro_batches: int, clip_norm: float,
-                 jit_compile: bool, loss_scale=None, whole_step: bool = False):
+                 jit_compile: bool, loss_scale=None, whole_step: bool = False, steps_per_program: int = 1):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -118,6 +124,12 @@ class TrainStep:
         # The gradient step and the update's programs are inlined into the one compiled function.
         self.whole_step_fn = (tf.function(self._replica_step, jit_compile=True, autograph=False)
                               if whole_step else None)
+        if steps_per_program > 1 and not whole_step:
+            raise ValueError("steps_per_program runs whole steps in one XLA program: it needs whole_step")
+        self.steps_per_program = steps_per_program
+        self.program_fn = (tf.function(self._program, jit_compile=True, autograph=False)
+                           if steps_per_program > 1 else None)
+        self._metric_names = None  # (metric_names(): the K-step program's sums start from them)
 
     def compute_grads(self, batch):
         """One micro-batch: (loss, metric terms, grads of loss / (replicas * micro-batches))."""
@@ -136,10 +148,32 @@ class TrainStep:
 
     @tf.autograph.experimental.do_not_convert
     def replica_step(self, batch):
-        """One optimizer step on this replica's batch (inside strategy.run): (loss, metric terms, gradient norm)."""
+        """One optimizer step on this replica's batch (inside strategy.run): (loss, metric terms, gradient norm);
+        with steps_per_program K > 1, K steps on batches stacked [K, ...]: (losses [K], metric terms summed
+        over the K steps, gradient norms [K])."""
+        if self.program_fn is not None:
+            return self.program_fn(batch)
         if self.whole_step_fn is not None:
             return self.whole_step_fn(batch)
         return self._replica_step(batch)
+
+    def _program(self, batches):
+        """K whole steps in one XLA while loop: step i trains on batches[i]. The loop's body is the whole
+        step, compiled once (not K copies: the compile time of one step); the variables it assigns (weights,
+        slots, optimizer iteration, seed states, loss scale) carry from one iteration to the next."""
+        k = self.steps_per_program
+        if self._metric_names is None:
+            raise RuntimeError("the K-step program sums the metrics metric_names() found: call it first")
+        zero = tf.constant(0.0)
+        sums = {name: (zero, zero) for name in self._metric_names}
+
+        def body(i, losses, sums, norms):
+            loss, terms, norm = self._replica_step(tf.nest.map_structure(lambda t: t[i], batches))
+            return i + 1, losses.write(i, loss), tf.nest.map_structure(tf.add, sums, terms), norms.write(i, norm)
+
+        start = (tf.constant(0), tf.TensorArray(tf.float32, size=k), sums, tf.TensorArray(tf.float32, size=k))
+        _, losses, sums, norms = tf.while_loop(lambda i, *_: i < k, body, start, maximum_iterations=k)
+        return losses.stack(), sums, norms.stack()
 
     def _replica_step(self, batch):
         k = self.micro_batches
@@ -177,4 +211,5 @@ class TrainStep:
         """The sorted metric names loss_fn returns for batches of `element_spec` (one call on zeros)."""
         with self.strategy.scope():
             _, metrics = self.loss_fn(self.model, dummy_batch(element_spec), training=False)
-        return sorted(metrics)
+        self._metric_names = sorted(metrics)
+        return self._metric_names
