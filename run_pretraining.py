@@ -112,7 +112,8 @@ def pretraining_config():
         bert_config = BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else None
         config = PretrainingConfig(
             bert_config=bert_config, input_files=(FLAGS.input_file,),
-            eval_input_files=(FLAGS.eval_input_file,) if FLAGS.eval_input_file else None, output_dir=FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
+            eval_input_files=(FLAGS.eval_input_file,) if FLAGS.eval_input_file else None,
+            output_dir=FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
             max_predictions_per_seq=FLAGS.max_predictions_per_seq, do_train=FLAGS.do_train, do_eval=FLAGS.do_eval,
             init_checkpoint=FLAGS.init_checkpoint, train_batch_size=FLAGS.train_batch_size,
             eval_batch_size=FLAGS.eval_batch_size, num_train_steps=FLAGS.num_train_steps,
